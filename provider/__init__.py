@@ -1,0 +1,1 @@
+"""Paperclip sandbox-provider plugin for CreateOS: the worker, its CreateOS client and the local emulator."""
