@@ -11,8 +11,9 @@ becomes -32002 with a generic message (the traceback goes to stderr only).
 
     ProviderError
     ├── ConfigError                 environment config invalid (field named, fix stated)
-    ├── RequestRefused              call refused before any side effect (bad params, foreign lease,
-    │                               lease closing, worker shutting down, unconfined path, ...)
+    ├── RequestRefused              call refused before any side effect (foreign lease, lease
+    │   │                           closing, worker shutting down, unconfined path, ...)
+    │   └── InvalidParams           params missing, not an object or of the wrong type (-32602)
     ├── OperationCancelled          work cancelled by release / destroy / shutdown
     ├── CleanupUnconfirmed          a remote process (or sandbox) may still exist; lease poisoned
     ├── TransferError               file sync failed (download cut, archive refused, command failed)
@@ -51,6 +52,10 @@ class ConfigError(ProviderError):
 
 class RequestRefused(ProviderError):
     """The call was refused before any side effect (no HTTP request was made)."""
+
+
+class InvalidParams(RequestRefused):
+    """The request's params are missing, not an object, or a field has the wrong type."""
 
 
 class OperationCancelled(ProviderError):
