@@ -1,0 +1,455 @@
+"""Shell quoting, the execute wrapper and the sync guard, checked by running real bash."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import tarfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from provider.driver import shell
+from provider.errors import RequestRefused
+
+BASH = "/usr/bin/bash"
+
+HOSTILE = [
+    "a'; touch /bad; echo '",
+    "$(touch /bad)",
+    "`touch /bad`",
+    "with space",
+    "two\nlines",
+    "",
+    "'",
+    '"double" \\back\\slash',
+    "${HOME} $HOME * ? [a] ~ ! # & | ; < >",
+    "-n",
+    "--",
+    "ünïcødé €𝄞 日本",
+    "\t\r\x01\x7f",
+]
+
+
+def run_bash(
+    script: str, *, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([BASH, "-c", script], capture_output=True, timeout=60, env=env)
+
+
+def wrapper(
+    tmp_path: Path,
+    command: str,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    stdin_path: str | None = None,
+    gate: bool = True,
+    gate_limit: int = 200,
+) -> str:
+    gate_path = tmp_path / "gate"
+    if gate:
+        gate_path.touch()
+    return shell.build_wrapper_script(
+        command=command,
+        args=args,
+        env=env or {},
+        cwd=cwd,
+        gate_path=str(gate_path),
+        gate_limit=gate_limit,
+        stdin_path=stdin_path,
+    )
+
+
+def test_quote_wraps_and_escapes_single_quotes() -> None:
+    assert shell.quote("abc") == "'abc'"
+    assert shell.quote("") == "''"
+    assert shell.quote("it's") == "'it'\"'\"'s'"
+
+
+def test_quote_refuses_nul() -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        shell.quote("a\0b")
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_quote_survives_bash_verbatim(value: str) -> None:
+    result = run_bash(f"printf '%s' {shell.quote(value)}")
+    assert result.returncode == 0
+    assert result.stdout.decode() == value
+
+
+def test_spec_example_text_exactly() -> None:
+    script = shell.build_wrapper_script(
+        command="printf",
+        args=["a'; touch /bad; echo '"],
+        env={"MESSAGE": "$(touch /bad)"},
+        cwd="/srv/my dir",
+        gate_path="/tmp/paperclip-start-1234",
+        gate_limit=1200,
+        stdin_path=None,
+    )
+    assert script.split("\n") == [
+        "g='/tmp/paperclip-start-1234'; n=0; while [ ! -e \"$g\" ]; do n=$((n+1)); "
+        '[ "$n" -gt 1200 ] && exit 125; sleep 0.05; done',
+        "cd -- '/srv/my dir' || exit",
+        "exec env MESSAGE='$(touch /bad)' 'printf' 'a'\"'\"'; touch /bad; echo '\"'\"''",
+    ]
+
+
+def test_stdin_redirect_is_appended_and_without_cwd_there_is_no_cd() -> None:
+    script = shell.build_wrapper_script(
+        command="cat",
+        args=[],
+        env={},
+        cwd=None,
+        gate_path="/tmp/g",
+        gate_limit=5,
+        stdin_path="/tmp/paperclip-stdin-x",
+    )
+    lines = script.split("\n")
+    assert len(lines) == 2
+    assert lines[1] == "exec env 'cat' < '/tmp/paperclip-stdin-x'"
+
+
+def test_hostile_args_arrive_verbatim(tmp_path: Path) -> None:
+    args = ["%s\\0", *HOSTILE]
+    result = run_bash(wrapper(tmp_path, "printf", args))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split("\0")[:-1] == HOSTILE
+    assert not Path("/bad").exists()
+
+
+def test_hostile_env_values_arrive_verbatim(tmp_path: Path) -> None:
+    env = {f"V{i}": value for i, value in enumerate(HOSTILE)}
+    env["MESSAGE"] = "$(touch /bad)"
+    result = run_bash(wrapper(tmp_path, "env", ["-0"], env=env))
+    assert result.returncode == 0, result.stderr
+    seen = dict(item.split("=", 1) for item in result.stdout.decode().split("\0")[:-1])
+    for name, value in env.items():
+        assert seen[name] == value
+    assert not Path("/bad").exists()
+
+
+@pytest.mark.parametrize("dirname", ["my dir", "it's", "$(x)", "new\nline", "`y`", "ünï €"])
+def test_hostile_cwd_is_entered(tmp_path: Path, dirname: str) -> None:
+    target = tmp_path / dirname
+    target.mkdir()
+    result = run_bash(wrapper(tmp_path, "pwd", ["-P"], cwd=str(target)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == f"{target}\n"
+
+
+def test_missing_cwd_fails_without_running_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = run_bash(wrapper(tmp_path, "touch", [str(marker)], cwd=str(tmp_path / "nope")))
+    assert result.returncode != 0
+    assert not marker.exists()
+
+
+def test_staged_stdin_is_the_command_input(tmp_path: Path) -> None:
+    staged = tmp_path / "stdin"
+    staged.write_bytes(b"line one\n\xe2\x82\xac 'q' $(x)\n")
+    result = run_bash(wrapper(tmp_path, "cat", [], stdin_path=str(staged)))
+    assert result.returncode == 0
+    assert result.stdout == staged.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["run=me", "-dash"])
+def test_commands_env_would_misread_still_run(tmp_path: Path, name: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    program = bindir / name
+    program.write_text('#!/bin/sh\nprintf \'%s|\' "$0" "$@"; printf \'%s\' "$X"\n')
+    program.chmod(0o755)
+    script = wrapper(tmp_path, str(program), ["a b", "-c"], env={"X": "x=1"})
+    result = run_bash(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == f"{program}|a b|-c|x=1"
+    # Found through PATH too, with the wrapper's own environment.
+    by_name = wrapper(tmp_path, name, [], env={"PATH": f"{bindir}:/usr/bin:/bin", "X": "y"})
+    result = run_bash(by_name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().endswith("|y")
+
+
+def test_without_gate_the_command_never_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = wrapper(tmp_path, "touch", [str(marker)], gate=False, gate_limit=3)
+    result = run_bash(script)
+    assert result.returncode == 125
+    assert not marker.exists()
+
+
+def test_gate_created_later_releases_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = wrapper(tmp_path, "touch", [str(marker)], gate=False, gate_limit=100_000)
+    proc = subprocess.Popen([BASH, "-c", script])
+    try:
+        assert proc.poll() is None
+        assert not marker.exists()
+        (tmp_path / "gate").touch()
+        assert proc.wait(timeout=60) == 0
+        assert marker.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("name", ["BAD;KEY", "1ABC", "A-B", "", "A B", "Ä", "A\0", "X\n"])
+def test_bad_env_names_are_refused_without_echoing_values(name: str) -> None:
+    with pytest.raises(RequestRefused, match="env variable name") as info:
+        shell.validate_env({name: "s3cret-value"})
+    assert "s3cret-value" not in str(info.value)
+
+
+def test_env_value_rules() -> None:
+    with pytest.raises(RequestRefused, match="OK") as info:
+        shell.validate_env({"OK": "se\0cret"})
+    assert "se\0cret" not in str(info.value)
+    with pytest.raises(RequestRefused, match="int"):
+        shell.validate_env({"N": 5})
+    with pytest.raises(RequestRefused):
+        shell.validate_env(["A=1"])
+    assert shell.validate_env({"_a1": "", "B": "x"}) == {"_a1": "", "B": "x"}
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("command", {"command": "a\0b"}),
+        ("command", {"command": ""}),
+        ("args", {"args": ["ok", "b\0"]}),
+        ("cwd", {"cwd": "/tmp/\0"}),
+        ("env", {"env": {"BAD;KEY": "v"}}),
+    ],
+)
+def test_wrapper_refuses_nul_and_bad_input(field: str, kwargs: dict[str, object]) -> None:
+    params: dict[str, object] = {
+        "command": "true",
+        "args": [],
+        "env": {},
+        "cwd": None,
+        "gate_path": "/tmp/g",
+        "gate_limit": 1,
+        "stdin_path": None,
+    }
+    params.update(kwargs)
+    with pytest.raises(RequestRefused):
+        shell.build_wrapper_script(**params)  # type: ignore[arg-type]
+
+
+# --- confinement -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/passwd",
+        "/paperclip-workspace/../secret",
+        "relative",
+        "paperclip-workspace/a",
+        "/paperclip-workspace-other/file",
+        "/paperclip-workspace/a/../../etc",
+        "/paperclip-workspace/..",
+        "/paperclip-workspace/a\0b",
+        "",
+        "/",
+        "//paperclip-workspace-x",
+    ],
+)
+def test_unconfined_sandbox_paths_are_refused(path: str) -> None:
+    with pytest.raises(RequestRefused):
+        shell.confine_sandbox_path(path)
+
+
+@pytest.mark.parametrize(
+    ("path", "normalized"),
+    [
+        ("/paperclip-workspace", "/paperclip-workspace"),
+        ("/paperclip-workspace/", "/paperclip-workspace"),
+        ("/paperclip-workspace/a/./b", "/paperclip-workspace/a/b"),
+        ("/paperclip-workspace//a//b/", "/paperclip-workspace/a/b"),
+        ("//paperclip-workspace/x", "/paperclip-workspace/x"),
+        ("/paperclip-workspace/..hidden", "/paperclip-workspace/..hidden"),
+    ],
+)
+def test_confined_sandbox_paths_are_normalized(path: str, normalized: str) -> None:
+    assert shell.confine_sandbox_path(path) == normalized
+
+
+def test_confinement_message_names_the_rule() -> None:
+    with pytest.raises(RequestRefused, match=r"'\.\.'"):
+        shell.confine_sandbox_path("/paperclip-workspace/../x")
+    with pytest.raises(RequestRefused, match="outside /paperclip-workspace"):
+        shell.confine_sandbox_path("/paperclip-workspace-other/file")
+    with pytest.raises(RequestRefused, match="not absolute"):
+        shell.confine_sandbox_path("relative")
+
+
+# --- the in-sandbox guard, run by real bash against a temporary root ----------------------------
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """tmp/ws (the root) with sub/, link-out -> ../outside, link-in -> sub; tmp/outside/secret."""
+    root = tmp_path / "ws"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("s")
+    (tmp_path / "ws-other").mkdir()
+    (root / "link-out").symlink_to("../outside")
+    (root / "link-in").symlink_to("sub")
+    (root / "abs-out").symlink_to(tmp_path / "outside" / "secret")
+    return root
+
+
+def guard_run(path: str, root: Path, *, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    script = shell._guard(path, str(root)) + '\nprintf "%s" "$resolved"'
+    result = run_bash(script, env=env)
+    return result.returncode, result.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("relative", "expected"),
+    [
+        ("", ""),
+        ("/sub", "/sub"),
+        ("/sub/new/file", "/sub/new/file"),
+        ("/link-in/x", "/sub/x"),
+        ("/missing/../sub", "/sub"),
+    ],
+)
+def test_guard_accepts_paths_resolving_inside(tree: Path, relative: str, expected: str) -> None:
+    code, resolved = guard_run(f"{tree}{relative}", tree)
+    assert code == 0
+    assert resolved == f"{tree}{expected}"
+
+
+@pytest.mark.parametrize(
+    "relative",
+    ["/link-out", "/link-out/secret", "/abs-out", "/../outside/secret", "-other", "/sub/../../x"],
+)
+def test_guard_refuses_paths_resolving_outside(tree: Path, relative: str) -> None:
+    code, resolved = guard_run(f"{tree}{relative}", tree)
+    assert code == 1
+    assert resolved == ""
+
+
+def test_guard_refuses_when_the_root_is_a_link(tree: Path) -> None:
+    alias = tree.parent / "ws-alias"
+    alias.symlink_to(tree)
+    code, _ = guard_run(f"{alias}/sub", alias)
+    assert code == 1
+
+
+def test_guard_fails_closed_without_realpath(tree: Path) -> None:
+    code, _ = guard_run(f"{tree}/sub", tree, env={"PATH": "/nonexistent"})
+    assert code == 1
+
+
+def test_guard_snippet_uses_the_workspace_root() -> None:
+    text = shell.guard_snippet("/paperclip-workspace/a'b")
+    assert "realpath -m -- '/paperclip-workspace/a'\"'\"'b'" in text
+    assert "'/paperclip-workspace'|'/paperclip-workspace'/*)" in text
+
+
+# --- the control commands, run against a temporary root --------------------------------------
+
+
+def test_syncin_file_moves_scratch_with_mode(tree: Path, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch file"
+    scratch.write_bytes(b"\x00\xff\x80\n\r")
+    target = tree / "new dir" / "it's.bin"
+    result = run_bash(shell._syncin_file(str(scratch), str(target), 0o600, str(tree)))
+    assert result.returncode == 0, result.stderr
+    assert target.read_bytes() == b"\x00\xff\x80\n\r"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert not scratch.exists()
+
+
+def test_syncin_file_to_escaping_target_leaves_scratch(tree: Path, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.write_text("x")
+    result = run_bash(
+        shell._syncin_file(str(scratch), str(tree / "link-out" / "f"), 0o644, str(tree))
+    )
+    assert result.returncode == 1
+    assert scratch.exists()
+    assert sorted(os.listdir(tmp_path / "outside")) == ["secret"]
+
+
+def test_syncin_dir_extracts_and_sets_top_mode(tree: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "keep").write_text("kept")
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tf:
+        tf.add(source / "keep", arcname="./keep")
+    target = tree / "dest"
+    result = run_bash(shell._syncin_dir(str(archive), str(target), 0o750, str(tree)))
+    assert result.returncode == 0, result.stderr
+    assert (target / "keep").read_text() == "kept"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o750
+
+
+def test_syncout_commands_copy_and_tar(tree: Path, tmp_path: Path) -> None:
+    (tree / "sub" / "f").write_text("data")
+    (tree / "sub" / "node_modules").mkdir()
+    (tree / "sub" / "node_modules" / "x").write_text("x")
+    (tree / "sub" / "ln").symlink_to("f")
+    scratch = tmp_path / "copy"
+    result = run_bash(shell._syncout_file(str(tree / "sub" / "f"), str(scratch), str(tree)))
+    assert result.returncode == 0, result.stderr
+    assert scratch.read_text() == "data"
+    # A directory is not a file.
+    result = run_bash(shell._syncout_file(str(tree / "sub"), str(tmp_path / "c2"), str(tree)))
+    assert result.returncode == 1
+
+    for follow in (False, True):
+        out = tmp_path / f"out-{follow}.tar"
+        script = shell._syncout_dir(
+            str(tree / "sub"), str(out), ["node_modules"], follow, str(tree)
+        )
+        result = run_bash(script)
+        assert result.returncode == 0, result.stderr
+        with tarfile.open(out) as tf:
+            members = {m.name: m for m in tf.getmembers()}
+        assert "./f" in members
+        assert not any("node_modules" in name for name in members)
+        assert members["./ln"].issym() is (not follow)
+
+
+def test_syncout_dir_refuses_escape_and_files(tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.tar"
+    script = shell._syncout_dir(str(tree / "link-out"), str(out), [], False, str(tree))
+    assert run_bash(script).returncode == 1
+    (tree / "file").write_text("x")
+    script = shell._syncout_dir(str(tree / "file"), str(out), [], False, str(tree))
+    assert run_bash(script).returncode == 1
+    assert not out.exists()
+
+
+def test_public_command_builders_quote_everything() -> None:
+    text = shell.syncout_dir_command(
+        "/paperclip-workspace/d", "/tmp/s'x", exclude=["*.log", "a b"], follow_symlinks=True
+    )
+    last = text.split("\n")[-1]
+    assert last == (
+        "tar -h --exclude='*.log' --exclude='a b' -cf '/tmp/s'\"'\"'x' -C \"$resolved\" . || exit 1"
+    )
+    assert "chmod 0644 -- '/tmp/s'" in shell.syncin_file_command(
+        "/tmp/s", "/paperclip-workspace/f", 0o644
+    )
+    assert 'chmod 0755 -- "$resolved"' in shell.syncin_dir_command(
+        "/tmp/s", "/paperclip-workspace", 0o755
+    )
+    assert "cp -- \"$resolved\" '/tmp/s'" in shell.syncout_file_command(
+        "/paperclip-workspace/f", "/tmp/s"
+    )
+    with pytest.raises(ValueError):
+        shell.syncin_file_command("/tmp/s", "/paperclip-workspace/f", 0o1777)
