@@ -1,0 +1,155 @@
+"""Everything the CreateOS HTTP API can do wrong, as one branch of the worker's error tree.
+
+Messages are public (see :mod:`provider.errors`): they name a fixed operation label such as
+``"create sandbox"`` and, for status errors, the HTTP status. They never carry a response body,
+a URL or the API key.
+
+::
+
+    CreateOSError
+    ├── APIStatusError            .status, .operation, .retry_after
+    │   ├── AuthError             401, 403
+    │   ├── NotFound              404 (unknown *or foreign* resource)
+    │   ├── Conflict              409
+    │   ├── OutputEvicted         410, or the stream's output_offset_expired frame
+    │   ├── RateLimited           429
+    │   └── ServerError           5xx
+    ├── APIConnectionError        transport failure, refused redirect
+    │   └── APITimeout            connect/read/write/pool timeout
+    └── APIProtocolError          malformed envelope or payload, invalid id
+        ├── InvalidIdentifier     an id that may not go into a URL path (no request was made)
+        ├── MalformedFrame        an output-stream line that breaks the frame rules
+        ├── StreamGap             a data frame whose seq skips ahead of the cursor
+        ├── StreamError           an error frame other than output_offset_expired
+        ├── MissingExitStatus     an exit frame with neither exit_code nor signal
+        └── ReconnectBudgetExhausted  the output stream could not be followed to its exit
+"""
+
+from __future__ import annotations
+
+from provider.errors import ProviderError
+
+_STATUS_HINTS = {
+    400: "request rejected",
+    401: "the API key was rejected",
+    402: "payment required",
+    403: "forbidden",
+    404: "not found",
+    408: "request timeout",
+    409: "conflicting state",
+    410: "output no longer available",
+    413: "body too large",
+    422: "request rejected",
+    429: "rate limited",
+}
+
+
+class CreateOSError(ProviderError):
+    """Base of every error raised by :mod:`provider.createos`."""
+
+
+class APIStatusError(CreateOSError):
+    """The API answered with an HTTP error status."""
+
+    def __init__(
+        self,
+        operation: str,
+        status: int,
+        *,
+        retry_after: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        if message is None:
+            hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "")
+            suffix = f" ({hint})" if hint else ""
+            message = f"CreateOS {operation} failed: HTTP {status}{suffix}."
+        super().__init__(message)
+        self.operation = operation
+        self.status = status
+        self.retry_after = retry_after
+
+
+class AuthError(APIStatusError):
+    """401 or 403: the key is missing, wrong, or not allowed to do this."""
+
+
+class NotFound(APIStatusError):
+    """404: the resource does not exist or belongs to another key."""
+
+
+class Conflict(APIStatusError):
+    """409: the resource is not in a state that allows the operation."""
+
+
+class OutputEvicted(APIStatusError):
+    """410 at connect, or the output_offset_expired frame: unread output was dropped."""
+
+
+class RateLimited(APIStatusError):
+    """429: too many requests; ``retry_after`` holds the server's hint when it sent one."""
+
+
+class ServerError(APIStatusError):
+    """A 5xx answer."""
+
+
+class APIConnectionError(CreateOSError):
+    """The request did not get a usable HTTP answer (transport failure, refused redirect)."""
+
+    def __init__(self, operation: str, message: str) -> None:
+        super().__init__(message)
+        self.operation = operation
+
+
+class APITimeout(APIConnectionError):
+    """A connect, read, write or pool timeout of the HTTP transport."""
+
+
+class APIProtocolError(CreateOSError):
+    """The API answered something that breaks the protocol (envelope, payload, frame)."""
+
+
+class InvalidIdentifier(APIProtocolError):
+    """An id that does not match ``^[A-Za-z0-9_-]{1,200}$``; no request was made with it."""
+
+
+class MalformedFrame(APIProtocolError):
+    """An output-stream line that is not a valid frame."""
+
+
+class StreamGap(APIProtocolError):
+    """A data frame's seq skipped ahead: output was lost between frames."""
+
+
+class StreamError(APIProtocolError):
+    """The stream sent an error frame (other than output_offset_expired)."""
+
+
+class MissingExitStatus(APIProtocolError):
+    """An exit frame without an integer exit_code and without a SIG* signal."""
+
+
+class ReconnectBudgetExhausted(APIProtocolError):
+    """The output stream kept failing; it could not be followed to the process's exit."""
+
+
+def status_error(
+    operation: str, status: int, *, retry_after: float | None = None
+) -> APIStatusError:
+    """The :class:`APIStatusError` subclass that matches ``status``."""
+    cls: type[APIStatusError]
+    if status in (401, 403):
+        cls = AuthError
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = Conflict
+    elif status == 410:
+        cls = OutputEvicted
+    elif status == 429:
+        cls = RateLimited
+    elif status >= 500:
+        cls = ServerError
+    else:
+        cls = APIStatusError
+    return cls(operation, status, retry_after=retry_after)
