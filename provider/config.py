@@ -1,0 +1,276 @@
+"""Environment config of the ``createos`` driver: parse, normalize, fill defaults, resolve the key.
+
+One parser serves ``environmentValidateConfig`` and every runtime call (provider-behavior.md
+section 1). The host applies no schema defaults and no ``required``: we do. Every error names the
+field and the fix; no message ever repeats the API key or the given URL.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from provider.errors import ConfigError
+
+DEFAULT_API_URL: Final = "https://api.sb.createos.sh"
+API_KEY_ENV: Final = "CREATEOS_API_KEY"
+DEFAULT_TIMEOUT_MS: Final = 300_000
+MAX_TIMEOUT_MS: Final = 86_400_000
+
+KNOWN_SHAPES: Final[tuple[str, ...]] = (
+    "s-1vcpu-256mb",
+    "s-0.25vcpu-512mb",
+    "s-0.5vcpu-1gb",
+    "s-1vcpu-1gb",
+    "s-1vcpu-2gb",
+    "s-2vcpu-2gb",
+    "s-2vcpu-4gb",
+    "s-4vcpu-4gb",
+    "s-4vcpu-8gb",
+    "s-8vcpu-8gb",
+    "s-8vcpu-16gb",
+)
+
+LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+_ACCEPTED_URL_FORM: Final = (
+    "use https://<host>[:port] (http:// only for localhost, 127.0.0.1 or [::1]), "
+    "with no user or password, no query or fragment, and no path other than /v1"
+)
+_HOST_NAME_RE: Final = re.compile(r"[a-z0-9_][a-z0-9._-]*")
+_TEXT_FIELDS: Final = ("apiUrl", "apiKey", "shape", "rootfs", "region")
+
+
+class EnvironmentConfig(BaseModel):
+    """A parsed, normalized environment config (absent optionals are ``None``)."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    api_url: str
+    api_key: str | None = Field(repr=False)  # the configured value; never shown
+    shape: str
+    rootfs: str | None
+    region: str | None
+    timeout_ms: int
+    reuse_lease: bool
+
+    def normalized(self) -> dict[str, object]:
+        """The ``normalizedConfig`` object the host persists (camelCase keys, nulls kept)."""
+        return {
+            "apiUrl": self.api_url,
+            "apiKey": self.api_key,
+            "shape": self.shape,
+            "rootfs": self.rootfs,
+            "region": self.region,
+            "timeoutMs": self.timeout_ms,
+            "reuseLease": self.reuse_lease,
+        }
+
+
+def normalize_api_url(url: str) -> str:
+    """Reduce an accepted API URL to its origin (``scheme://host[:port]``, no trailing slash)."""
+
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError(
+            f"apiUrl is not accepted ({reason}): {_ACCEPTED_URL_FORM}", field="apiUrl"
+        )
+
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        raise refuse("it contains whitespace or control characters")
+    if not url.isascii():
+        raise refuse("it contains non-ASCII characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise refuse("the host or port is malformed") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        raise refuse("the scheme must be https")
+    if "@" in parts.netloc:
+        raise refuse("credentials are not allowed in the URL")
+    if parts.query or parts.fragment:
+        raise refuse("a query or fragment is not allowed")
+    if parts.path not in ("", "/", "/v1", "/v1/"):
+        raise refuse("the only path allowed is /v1")
+    if parts.netloc.endswith(":") or port == 0:
+        raise refuse("the port must be a number from 1 to 65535")
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise refuse("the host is missing")
+    if parts.netloc.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise refuse("the IPv6 address is malformed") from None
+        host_text = f"[{host}]"
+    elif _HOST_NAME_RE.fullmatch(host):
+        host_text = host
+    else:
+        raise refuse("the host name is malformed")
+    if scheme == "http" and host not in LOOPBACK_HOSTS:
+        raise refuse("http is only allowed for localhost, 127.0.0.1 or [::1]")
+    default_port = 443 if scheme == "https" else 80
+    port_text = "" if port is None or port == default_port else f":{port}"
+    return f"{scheme}://{host_text}{port_text}"
+
+
+def _text(raw: Mapping[str, Any], field: str) -> str | None:
+    value = raw.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or "\x00" in value or not value.strip():
+        raise ConfigError(
+            f"{field} must be a non-empty string without NUL characters "
+            f"(or null to leave it unset)",
+            field=field,
+        )
+    return value.strip()
+
+
+def _timeout_ms(raw: Mapping[str, Any]) -> int:
+    value = raw.get("timeoutMs")
+    if value is None:
+        return DEFAULT_TIMEOUT_MS
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    if number is None or not 1 <= number <= MAX_TIMEOUT_MS:
+        raise ConfigError(
+            f"timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS} "
+            f"(or null for the default {DEFAULT_TIMEOUT_MS})",
+            field="timeoutMs",
+        )
+    return number
+
+
+def _reuse_lease(raw: Mapping[str, Any]) -> bool:
+    value = raw.get("reuseLease")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigError(
+            "reuseLease must be true or false (or null for the default false)", field="reuseLease"
+        )
+    return value
+
+
+def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
+    """Parse ``raw``; returns the config or every field error found (in field order)."""
+    if not isinstance(raw, Mapping):
+        return None, [ConfigError("config must be a JSON object with the driver's fields")]
+    errors: list[ConfigError] = []
+    texts: dict[str, str | None] = {}
+    api_url = DEFAULT_API_URL
+    for field in _TEXT_FIELDS:
+        try:
+            texts[field] = _text(raw, field)
+            if field == "apiUrl" and texts[field] is not None:
+                api_url = normalize_api_url(texts["apiUrl"] or "")
+        except ConfigError as exc:
+            errors.append(exc)
+            texts[field] = None
+    shape = texts["shape"]
+    if shape is None and not any(e.field == "shape" for e in errors):
+        errors.append(
+            ConfigError(
+                "shape is required: set it to a CreateOS shape such as s-1vcpu-1gb "
+                f"(catalog: {', '.join(KNOWN_SHAPES)})",
+                field="shape",
+            )
+        )
+    timeout_ms = DEFAULT_TIMEOUT_MS
+    reuse_lease = False
+    try:
+        timeout_ms = _timeout_ms(raw)
+    except ConfigError as exc:
+        errors.append(exc)
+    try:
+        reuse_lease = _reuse_lease(raw)
+    except ConfigError as exc:
+        errors.append(exc)
+    if errors or shape is None:
+        return None, errors
+    config = EnvironmentConfig(
+        api_url=api_url,
+        api_key=texts["apiKey"],
+        shape=shape,
+        rootfs=texts["rootfs"],
+        region=texts["region"],
+        timeout_ms=timeout_ms,
+        reuse_lease=reuse_lease,
+    )
+    return config, []
+
+
+def parse_config(raw: object) -> EnvironmentConfig:
+    """Parse and normalize an environment config; raises ``ConfigError`` (the first problem)."""
+    config, errors = _collect(raw)
+    if config is None:
+        raise errors[0]
+    return config
+
+
+def validate_config(raw: object) -> dict[str, object]:
+    """The ``environmentValidateConfig`` result. Never resolves keys or touches the network."""
+    config, errors = _collect(raw)
+    if config is None:
+        return {"ok": False, "errors": [str(e) for e in errors]}
+    if config.api_key is None and config.api_url != DEFAULT_API_URL:
+        return {
+            "ok": False,
+            "errors": [
+                f"apiKey is required for an apiUrl other than {DEFAULT_API_URL}: add an apiKey "
+                f"to the environment config ({API_KEY_ENV} is honoured for the official "
+                "endpoint only)"
+            ],
+        }
+    warnings: list[str] = []
+    if config.shape not in KNOWN_SHAPES:
+        warnings.append(
+            f"shape {config.shape!r} is not in the bundled CreateOS catalog "
+            f"({', '.join(KNOWN_SHAPES)}); it is sent to CreateOS as given"
+        )
+    if config.api_key is None:
+        warnings.append(
+            f"no apiKey is set: the worker then needs {API_KEY_ENV} in its own environment, "
+            "which Paperclip hosts do not forward to plugins; set apiKey in the environment config"
+        )
+    result: dict[str, object] = {"ok": True, "normalizedConfig": config.normalized()}
+    if warnings:
+        result["warnings"] = warnings
+    return result
+
+
+def _usable_key(key: str) -> bool:
+    return bool(key) and not any(ch in key for ch in "\r\n\x00")
+
+
+def resolve_api_key(config: EnvironmentConfig, environ: Mapping[str, str] | None = None) -> str:
+    """The key to send as ``X-Api-Key`` (spec 1.4); raises ``ConfigError`` naming the fix."""
+    if config.api_key is not None:
+        key = config.api_key.strip()
+    elif config.api_url == DEFAULT_API_URL:
+        env = os.environ if environ is None else environ
+        key = env.get(API_KEY_ENV, "").strip()
+    else:
+        raise ConfigError(
+            f"apiKey is required for an apiUrl other than {DEFAULT_API_URL}: add an apiKey to "
+            f"the environment config ({API_KEY_ENV} is honoured for the official endpoint only)",
+            field="apiKey",
+        )
+    if not _usable_key(key):
+        raise ConfigError(
+            f"no usable CreateOS API key: set apiKey in the environment config or provide "
+            f"{API_KEY_ENV} to the worker (the key must be non-empty, on one line)",
+            field="apiKey",
+        )
+    return key

@@ -1,0 +1,147 @@
+"""Byte streams over the process's stdio, line framing, and the fd 1 guard.
+
+``guard_stdout()`` runs first thing: it keeps a private duplicate of fd 1 for protocol lines and
+points fd 1 (and ``sys.stdout``) at stderr, so a stray ``print``, a C library or a child process
+can never write into the protocol stream.
+
+Pipes and sockets are read and written without blocking (``anyio.wait_readable`` /
+``wait_writable``); anything else (a terminal, ``/dev/null``, a regular file) goes through a
+worker thread. Incoming lines have no length cap.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from typing import Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+READ_CHUNK: Final = 256 * 1024
+
+
+def guard_stdout() -> int:
+    """Move the protocol stream off fd 1; returns the private fd that now carries it."""
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)  # not inheritable: children never see the protocol stream
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return protocol_fd
+
+
+def _is_pollable(fd: int) -> bool:
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+class FdReceiveStream(anyio.abc.ByteReceiveStream):
+    """Reads bytes from a file descriptor (stdin)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pollable = _is_pollable(fd)
+        self._was_blocking = os.get_blocking(fd)
+        if self._pollable:
+            os.set_blocking(fd, False)
+        self._closed = False
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        while True:
+            if self._pollable:
+                try:
+                    data = os.read(self._fd, max_bytes)
+                except BlockingIOError:
+                    await anyio.wait_readable(self._fd)
+                    continue
+            else:
+                data = await anyio.to_thread.run_sync(
+                    os.read, self._fd, max_bytes, abandon_on_cancel=True
+                )
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._pollable and self._was_blocking:
+                os.set_blocking(self._fd, True)
+
+
+class FdSendStream(anyio.abc.ByteSendStream):
+    """Writes bytes to a file descriptor (the private protocol fd); each send writes it all."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pollable = _is_pollable(fd)
+        self._was_blocking = os.get_blocking(fd)
+        if self._pollable:
+            os.set_blocking(fd, False)
+        self._closed = False
+
+    async def send(self, item: bytes) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        view = memoryview(item)
+        try:
+            while view:
+                if self._pollable:
+                    try:
+                        written = os.write(self._fd, view)
+                    except BlockingIOError:
+                        await anyio.wait_writable(self._fd)
+                        continue
+                else:
+                    written = await anyio.to_thread.run_sync(os.write, self._fd, view)
+                view = view[written:]
+        except OSError as exc:  # EPIPE and friends: the reader is gone
+            raise anyio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._pollable and self._was_blocking:
+                os.set_blocking(self._fd, True)
+
+
+class LineReader:
+    """Splits a byte stream into lines (LF or CRLF); no length cap; blank lines skipped."""
+
+    def __init__(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already known to hold no LF
+
+    async def receive_line(self) -> bytes:
+        """The next non-blank line without its terminator; ``anyio.EndOfStream`` at the end."""
+        while True:
+            line = self._next_buffered_line()
+            if line is not None:
+                if line.strip():
+                    return line
+                continue
+            try:
+                chunk = await self._stream.receive()
+            except anyio.EndOfStream:
+                rest = bytes(self._buffer).rstrip(b"\r")
+                self._buffer.clear()
+                self._scanned = 0
+                if rest.strip():
+                    return rest
+                raise
+            self._buffer += chunk
+
+    def _next_buffered_line(self) -> bytes | None:
+        index = self._buffer.find(b"\n", self._scanned)
+        if index < 0:
+            self._scanned = len(self._buffer)
+            return None
+        line = bytes(self._buffer[:index])
+        del self._buffer[: index + 1]
+        self._scanned = 0
+        return line[:-1] if line.endswith(b"\r") else line

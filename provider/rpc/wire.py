@@ -1,0 +1,193 @@
+"""JSON-RPC 2.0 wire format: codes, ASCII-safe encoding, decoding and classification by shape.
+
+One JSON text per line each way. Outgoing lines are pure ASCII (non-ASCII characters become
+``\\uXXXX`` escapes, surrogate pairs above U+FFFF) so nothing depends on the worker's locale.
+Incoming lines are decoded with msgspec, then classified by *shape*, never by id value.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+JSONRPC_VERSION: Final = "2.0"
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+WORKER_UNAVAILABLE: Final = -32000
+CAPABILITY_DENIED: Final = -32001
+WORKER_ERROR: Final = -32002
+TIMEOUT: Final = -32003
+METHOD_NOT_IMPLEMENTED: Final = -32004
+INVOCATION_SCOPE_DENIED: Final = -32005
+
+RequestId = int | str
+
+
+def _json_ascii_escape(exc: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: replace unencodable characters by JSON ``\\u`` escapes."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    pieces: list[str] = []
+    for char in exc.object[exc.start : exc.end]:
+        code = ord(char)
+        if code > 0xFFFF:
+            code -= 0x10000
+            pieces.append(f"\\u{0xD800 | (code >> 10):04x}\\u{0xDC00 | (code & 0x3FF):04x}")
+        else:
+            pieces.append(f"\\u{code:04x}")
+    return "".join(pieces), exc.end
+
+
+_ESCAPE_HANDLER: Final = "paperclip-json-ascii"
+codecs.register_error(_ESCAPE_HANDLER, _json_ascii_escape)
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+def encode_line(message: Any) -> bytes:
+    """One message as an ASCII JSON line ending in ``\\n``.
+
+    Raises ``TypeError``/``ValueError``/``UnicodeEncodeError`` when the message holds something
+    JSON cannot carry (an unsupported type, a lone surrogate).
+    """
+    data = _encoder.encode(message)
+    if not data.isascii():
+        data = data.decode("utf-8").encode("ascii", _ESCAPE_HANDLER)
+    return data + b"\n"
+
+
+# --- incoming messages -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A request from the host (it has an id and expects one response)."""
+
+    id: RequestId
+    method: str
+    params: Any  # validated by the dispatcher: must be an object
+    has_params: bool
+    invocation_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A notification from the host (no id, no response)."""
+
+    method: str
+    params: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A response to one of our own requests (``error`` is the error object, if any)."""
+
+    id: RequestId
+    result: Any
+    error: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A line that is not a usable message; ``code`` says which JSON-RPC error to answer."""
+
+    code: int
+    message: str
+    id: RequestId | None
+
+
+Message = Request | Notification | Response | Invalid
+
+
+_BAD_ID: Final = 'Invalid Request: "id" must be a number or a string'
+
+
+def _is_id(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, str)
+
+
+def _invocation_id(raw: dict[str, Any]) -> str | None:
+    context = raw.get("paperclipInvocation")
+    if isinstance(context, dict):
+        inv_id = context.get("id")
+        if isinstance(inv_id, str) and inv_id:
+            return inv_id
+    return None
+
+
+def classify(raw: object) -> Message:
+    """Classify one decoded JSON value by its shape."""
+    if not isinstance(raw, dict):
+        return Invalid(INVALID_REQUEST, "Invalid Request: expected a JSON object", None)
+    raw_id = raw.get("id")
+    reply_id = raw_id if _is_id(raw_id) else None
+    if raw.get("jsonrpc") != JSONRPC_VERSION:
+        return Invalid(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', reply_id)
+    if "method" in raw:
+        method = raw["method"]
+        if not isinstance(method, str) or not method:
+            return Invalid(INVALID_REQUEST, 'Invalid Request: "method" must be a string', reply_id)
+        if "id" not in raw:
+            return Notification(method, raw.get("params"))
+        if reply_id is None:
+            return Invalid(
+                INVALID_REQUEST, 'Invalid Request: "id" must be a number or string', None
+            )
+        return Request(reply_id, method, raw.get("params"), "params" in raw, _invocation_id(raw))
+    if "result" in raw or "error" in raw:
+        if reply_id is None:
+            return Invalid(INVALID_REQUEST, "Invalid Request: response without a usable id", None)
+        error = raw.get("error")
+        if error is not None and not isinstance(error, dict):
+            return Invalid(INVALID_REQUEST, 'Invalid Request: "error" must be an object', None)
+        return Response(reply_id, raw.get("result"), error)
+    return Invalid(INVALID_REQUEST, "Invalid Request: neither a request nor a response", reply_id)
+
+
+def decode_line(line: bytes) -> Message:
+    """Decode and classify one incoming line (without its line terminator)."""
+    try:
+        raw = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return Invalid(PARSE_ERROR, "Parse error: line is not valid JSON", None)
+    return classify(raw)
+
+
+# --- outgoing messages -----------------------------------------------------------------------
+
+
+def result_message(request_id: RequestId, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "result": result}
+
+
+def error_message(
+    request_id: RequestId | None, code: int, message: str, data: Any = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "error": error}
+
+
+def notification_message(
+    method: str, params: dict[str, Any], invocation_id: str | None
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": JSONRPC_VERSION, "method": method, "params": params}
+    if invocation_id is not None:
+        message["paperclipInvocationId"] = invocation_id
+    return message
+
+
+def request_message(
+    request_id: RequestId, method: str, params: dict[str, Any], invocation_id: str | None
+) -> dict[str, Any]:
+    message = notification_message(method, params, invocation_id)
+    message["id"] = request_id
+    return message
