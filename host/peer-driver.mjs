@@ -1,0 +1,254 @@
+// Peer driver: runs the REAL Paperclip worker manager (@paperclipai/server 2026.916.1, installed
+// by host/install-peer.sh) and lets another program drive it with NDJSON on stdin/stdout.
+//
+//   node host/peer-driver.mjs --peer-dir <dir> [--log-file <file>]
+//   (or PAPERCLIP_PEER_DIR / PAPERCLIP_PEER_LOG)
+//
+// Commands (one JSON object per line on stdin), each answered by one line on stdout:
+//   {"id":1,"op":"start","pluginId":"p","packageRoot":"/abs/checkout"}   (default: this repo)
+//       optional: "manifestPath" (a manifest module instead of package.json's), "entrypointPath"
+//       (spawn this instead of the manifest's worker), "env", "autoRestart", "config"
+//   {"id":2,"op":"call","pluginId":"p","method":"health","params":{},"timeoutMs":30000}
+//   {"id":3,"op":"notify","pluginId":"p","method":"...","params":{}}
+//   {"id":4,"op":"stop","pluginId":"p"}
+//   {"id":5,"op":"status"}
+// Answers: {"id":N,"ok":true,"result":...} or {"id":N,"ok":false,"error":{"code":..,"message":..}}.
+// A call's live output (onLog; environmentExecute with a companyId) streams first as
+// {"id":N,"event":"log","stream":"stdout","chunk":"..."}; worker lifecycle changes arrive as
+// {"event":"worker","pluginId":"p","type":"exit"|"crash"|"ready",...}.
+// The manifest is loaded the way the host loads it (package.json -> paperclipPlugin.manifest ->
+// dynamic import with ?mtime=, default export, the host's own validators), so a broken
+// manifest.js fails here too. Host pino logs go to the log file, never to stdout.
+import fs from "node:fs";
+import path from "node:path";
+import readline from "node:readline";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+function parseArgs(argv) {
+  const out = {};
+  for (let i = 0; i < argv.length; i += 1) {
+    const arg = argv[i];
+    if (arg === "--peer-dir") out.peerDir = argv[++i];
+    else if (arg === "--log-file") out.logFile = argv[++i];
+    else throw new Error(`unknown argument: ${arg}`);
+  }
+  return out;
+}
+
+const args = parseArgs(process.argv.slice(2));
+const peerDir = path.resolve(args.peerDir ?? process.env.PAPERCLIP_PEER_DIR ?? path.join(repoRoot, ".cache/paperclip/peer"));
+const logFile = path.resolve(args.logFile ?? process.env.PAPERCLIP_PEER_LOG ?? path.join(peerDir, "peer.log"));
+
+// --- stdout discipline: protocol lines only -------------------------------------------------
+const OUT_FD = 1;
+const logFd = fs.openSync(logFile, "a");
+
+function writeAllSync(fd, text) {
+  const buffer = Buffer.from(text, "utf8");
+  let offset = 0;
+  while (offset < buffer.length) {
+    try {
+      offset += fs.writeSync(fd, buffer, offset, buffer.length - offset);
+    } catch (err) {
+      if (err.code !== "EAGAIN") throw err;
+    }
+  }
+}
+
+// pino writes through a "tampered" process.stdout.write, so this sends every host log line
+// (and any console.log) to the log file. Must happen before the server modules are imported.
+process.stdout.write = (chunk, encoding, callback) => {
+  writeAllSync(logFd, typeof chunk === "string" ? chunk : Buffer.from(chunk).toString("utf8"));
+  const cb = typeof encoding === "function" ? encoding : callback;
+  if (cb) cb();
+  return true;
+};
+process.env.NODE_ENV = "production"; // JSON pino logs instead of the pretty transport on fd 1
+process.env.PAPERCLIP_LOG_LEVEL ??= "debug";
+
+function emit(message) {
+  writeAllSync(OUT_FD, `${JSON.stringify(message)}\n`);
+}
+
+// --- the real host modules --------------------------------------------------------------------
+const services = path.join(peerDir, "node_modules/@paperclipai/server/dist/services");
+const importService = (name) => import(pathToFileURL(path.join(services, name)).href);
+const { createPluginWorkerManager } = await importService("plugin-worker-manager.js");
+const { pluginManifestValidator } = await importService("plugin-manifest-validator.js");
+const { pluginCapabilityValidator } = await importService("plugin-capability-validator.js");
+
+const manager = createPluginWorkerManager();
+const manifestValidator = pluginManifestValidator();
+const capabilityValidator = pluginCapabilityValidator();
+
+// Same resolution as the host's plugin-loader resolveManifestPath().
+function resolveManifestPath(packageRoot, pkgJson) {
+  const declared = pkgJson?.paperclipPlugin?.manifest;
+  if (typeof declared === "string") return path.resolve(packageRoot, declared);
+  for (const candidate of [path.join(packageRoot, "dist", "manifest.js"), path.join(packageRoot, "manifest.js")]) {
+    if (fs.existsSync(candidate)) return candidate;
+  }
+  return null;
+}
+
+// Same as the host's loadManifestFromPath(): import with ?mtime=, default export, validate.
+async function loadManifestModule(manifestPath) {
+  let raw;
+  try {
+    const url = pathToFileURL(manifestPath);
+    url.searchParams.set("mtime", String(Math.trunc(fs.statSync(manifestPath).mtimeMs)));
+    const mod = await import(url.href);
+    raw = mod.default ?? mod;
+  } catch (err) {
+    throw new Error(`Failed to load manifest module at ${manifestPath}: ${String(err)}`);
+  }
+  const manifest = manifestValidator.parseOrThrow(raw);
+  if (!manifestValidator.getSupportedVersions().includes(manifest.apiVersion)) {
+    throw new Error(`Plugin ${manifest.id} declares unsupported apiVersion ${manifest.apiVersion}`);
+  }
+  const caps = capabilityValidator.validateManifestCapabilities(manifest);
+  if (!caps.allowed) {
+    throw new Error(
+      `Plugin ${manifest.id} manifest has inconsistent capabilities. ` +
+        `Missing required capabilities for declared features: ${caps.missing.join(", ")}`,
+    );
+  }
+  return manifest;
+}
+
+async function loadPlugin(cmd) {
+  const packageRoot = path.resolve(cmd.packageRoot ?? repoRoot);
+  const pkgJson = JSON.parse(fs.readFileSync(path.join(packageRoot, "package.json"), "utf8"));
+  const manifestPath = cmd.manifestPath ? path.resolve(cmd.manifestPath) : resolveManifestPath(packageRoot, pkgJson);
+  if (!manifestPath || !fs.existsSync(manifestPath)) {
+    throw new Error(`Package at ${packageRoot} does not appear to be a Paperclip plugin (no manifest found)`);
+  }
+  const manifest = await loadManifestModule(manifestPath);
+  let entrypointPath;
+  if (cmd.entrypointPath) {
+    entrypointPath = path.resolve(cmd.entrypointPath);
+  } else {
+    // Host rule (resolveWorkerEntrypoint): inside the package root and existing.
+    entrypointPath = path.resolve(packageRoot, manifest.entrypoints.worker);
+    if (!entrypointPath.startsWith(packageRoot) || !fs.existsSync(entrypointPath)) {
+      throw new Error(`Worker entrypoint not found for plugin "${manifest.id}": ${entrypointPath}`);
+    }
+  }
+  return { manifest, entrypointPath, packageName: pkgJson.name };
+}
+
+const handles = new Map();
+const lastPids = new Map();
+
+async function opStart(cmd) {
+  const pluginId = cmd.pluginId ?? "createos-under-test";
+  const { manifest, entrypointPath } = await loadPlugin(cmd);
+  const started = performance.now();
+  const handle = await manager.startWorker(pluginId, {
+    entrypointPath,
+    manifest,
+    config: cmd.config ?? {},
+    apiVersion: manifest.apiVersion,
+    instanceInfo: {
+      instanceId: "peer",
+      hostVersion: "0.0.0",
+      deploymentMode: "local_trusted",
+      deploymentExposure: "private",
+    },
+    hostHandlers: { "config.get": async () => ({}) },
+    env: {
+      PAPERCLIP_DEPLOYMENT_MODE: "local_trusted",
+      PAPERCLIP_DEPLOYMENT_EXPOSURE: "private",
+      ...(cmd.env ?? {}),
+    },
+    autoRestart: cmd.autoRestart ?? true,
+  });
+  const startMs = performance.now() - started;
+  if (!handles.has(pluginId)) {
+    // The pid reported with exit/crash is the process that ended; with ready, the new one.
+    for (const type of ["exit", "crash", "ready"]) {
+      handle.on(type, (payload) => {
+        const { pluginId: _ignored, ...rest } = payload ?? {};
+        if (type === "ready") lastPids.set(pluginId, handle.diagnostics().pid);
+        emit({ event: "worker", pluginId, type, pid: lastPids.get(pluginId) ?? null, ...rest });
+      });
+    }
+  }
+  handles.set(pluginId, handle);
+  lastPids.set(pluginId, handle.diagnostics().pid);
+  return {
+    pluginId,
+    manifestId: manifest.id,
+    entrypointPath,
+    pid: handle.diagnostics().pid,
+    supportedMethods: handle.supportedMethods,
+    startMs,
+  };
+}
+
+async function opCall(cmd) {
+  const onLog = (stream, chunk) => emit({ id: cmd.id, event: "log", stream, chunk });
+  return manager.call(cmd.pluginId ?? "createos-under-test", cmd.method, cmd.params ?? {}, cmd.timeoutMs, onLog);
+}
+
+async function opNotify(cmd) {
+  const handle = manager.getWorker(cmd.pluginId ?? "createos-under-test");
+  if (!handle) throw new Error(`No worker registered for plugin "${cmd.pluginId}"`);
+  handle.notify(cmd.method, cmd.params ?? {});
+  return null;
+}
+
+async function opStop(cmd) {
+  const pluginId = cmd.pluginId ?? "createos-under-test";
+  const started = performance.now();
+  await manager.stopWorker(pluginId);
+  handles.delete(pluginId);
+  return { pluginId, stopMs: performance.now() - started };
+}
+
+async function opStatus() {
+  return { workers: manager.diagnostics(), peerDir, logFile };
+}
+
+const ops = { start: opStart, call: opCall, notify: opNotify, stop: opStop, status: opStatus };
+
+function errorOf(err) {
+  const code = err && typeof err.code === "number" ? err.code : null;
+  const message = err instanceof Error ? err.message : String(err);
+  return { code, message };
+}
+
+async function run(cmd) {
+  const op = ops[cmd.op];
+  try {
+    if (!op) throw new Error(`unknown op: ${cmd.op}`);
+    const result = await op(cmd);
+    emit({ id: cmd.id ?? null, ok: true, result: result ?? null });
+  } catch (err) {
+    emit({ id: cmd.id ?? null, ok: false, error: errorOf(err) });
+  }
+}
+
+const pending = new Set();
+const lines = readline.createInterface({ input: process.stdin });
+lines.on("line", (line) => {
+  if (!line.trim()) return;
+  let cmd;
+  try {
+    cmd = JSON.parse(line);
+  } catch (err) {
+    emit({ id: null, ok: false, error: { code: null, message: `bad command line: ${err.message}` } });
+    return;
+  }
+  const task = run(cmd).finally(() => pending.delete(task));
+  pending.add(task);
+});
+lines.on("close", async () => {
+  await manager.stopAll(); // pending calls fail once their worker exits
+  await Promise.allSettled([...pending]);
+  fs.closeSync(logFd);
+  process.exit(0);
+});
+emit({ event: "ready", peerDir, logFile });

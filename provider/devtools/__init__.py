@@ -1,0 +1,1 @@
+"""Developer tools: the real-host peer client and the demo."""

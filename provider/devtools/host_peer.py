@@ -1,0 +1,395 @@
+"""Python client of ``host/peer-driver.mjs``: drives the real Paperclip worker manager.
+
+``HostPeer`` installs the peer (``host/install-peer.sh``, cached), runs the Node driver and
+talks NDJSON to it::
+
+    async with HostPeer() as peer:
+        info = await peer.start_worker()
+        assert await peer.call("health", {}) == {"status": "ok"}
+        worker_pid = peer.worker_pid()          # the Python process behind the shim
+        await peer.stop_worker()
+
+Used by the conformance tests (tests/host), the benchmark and the demo.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import anyio
+import anyio.abc
+
+from provider.rpc.stdio import LineReader
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT: Final = REPO_ROOT / "host" / "install-peer.sh"
+DRIVER_SCRIPT: Final = REPO_ROOT / "host" / "peer-driver.mjs"
+DEFAULT_PLUGIN_ID: Final = "createos-under-test"
+
+LogCallback = Callable[[str, str], None]
+
+
+class PeerCallError(Exception):
+    """A peer command failed; ``code`` is the JSON-RPC code when the worker manager gave one."""
+
+    def __init__(self, code: int | None, message: str) -> None:
+        super().__init__(f"[{code}] {message}" if code is not None else message)
+        self.code = code
+        self.message = message
+
+
+class PeerUnavailable(RuntimeError):
+    """Node/npm are missing or the peer could not be installed."""
+
+
+def default_peer_dir() -> Path:
+    """``$PAPERCLIP_PEER_CACHE`` or ``<repo>/.cache/paperclip/peer``."""
+    configured = os.environ.get("PAPERCLIP_PEER_CACHE")
+    return Path(configured) if configured else REPO_ROOT / ".cache" / "paperclip" / "peer"
+
+
+async def ensure_peer_installed(peer_dir: Path | None = None) -> Path:
+    """Install the worker-manager peer if needed (idempotent); returns its folder."""
+    if shutil.which("node") is None:
+        raise PeerUnavailable("node is not on PATH: the real-host peer needs Node 20+")
+    target = peer_dir or default_peer_dir()
+    env = {**os.environ, "PAPERCLIP_PEER_CACHE": str(target)}
+    result = await anyio.run_process(
+        ["bash", str(INSTALL_SCRIPT)], env=env, check=False, stderr=subprocess.PIPE
+    )
+    if result.returncode != 0:
+        detail = result.stderr.decode("utf-8", "replace")[-2000:]
+        raise PeerUnavailable(f"host/install-peer.sh failed ({result.returncode}):\n{detail}")
+    lines = result.stdout.decode().strip().splitlines()
+    return Path(lines[-1]) if lines else target
+
+
+# --- processes via /proc ---------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()  # fields after "pid (comm)": state, ppid, ...
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live children of ``pid`` (scans /proc)."""
+    children: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
+            children.append(int(entry.name))
+    return sorted(children)
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+async def wait_until_gone(pid: int, timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Poll until ``pid`` is gone; False if it still lives after ``timeout_s``."""
+    with anyio.move_on_after(timeout_s):
+        while pid_alive(pid):
+            await anyio.sleep(poll_s)
+        return True
+    return not pid_alive(pid)
+
+
+# --- the peer --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What ``start`` reported: the shim's pid, the worker's supportedMethods, start time."""
+
+    plugin_id: str
+    manifest_id: str
+    entrypoint_path: str
+    pid: int | None
+    supported_methods: list[str]
+    start_ms: float
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """A worker lifecycle event from the manager (``exit``, ``crash`` or ``ready``)."""
+
+    plugin_id: str
+    type: str
+    pid: int | None
+    raw: dict[str, Any] = field(repr=False)
+
+
+class HostPeer:
+    """The real worker manager behind ``node host/peer-driver.mjs`` (an async context manager)."""
+
+    def __init__(
+        self,
+        *,
+        package_root: Path = REPO_ROOT,
+        peer_dir: Path | None = None,
+        log_file: Path | None = None,
+        plugin_id: str = DEFAULT_PLUGIN_ID,
+    ) -> None:
+        self.package_root = package_root
+        self.peer_dir = peer_dir
+        self.log_file = log_file
+        self.plugin_id = plugin_id
+        self.events: list[WorkerEvent] = []
+        self._ids = itertools.count(1)
+        self._pending: dict[int, anyio.Event] = {}
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._log_callbacks: dict[int, LogCallback] = {}
+        self._shim_pids: dict[str, int | None] = {}
+        self._event_arrived = anyio.Event()
+        self._ready = anyio.Event()
+        self._closed = False
+        self._stack: AsyncExitStack | None = None
+        self._process: anyio.abc.Process | None = None
+
+    async def __aenter__(self) -> Self:
+        self.peer_dir = await ensure_peer_installed(self.peer_dir)
+        log_file = self.log_file or self.peer_dir / "peer.log"
+        async with AsyncExitStack() as stack:
+            process = await anyio.open_process(
+                [
+                    "node",
+                    str(DRIVER_SCRIPT),
+                    "--peer-dir",
+                    str(self.peer_dir),
+                    "--log-file",
+                    str(log_file),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+            )
+            self._process = process
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            # Runs first on exit: the driver stops its workers and exits, the reader sees EOF.
+            stack.push_async_callback(self._close_process, process)
+            tg.start_soon(self._read_loop, process)
+            with anyio.fail_after(60):
+                await self._ready.wait()
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._stack is not None
+        await self._stack.__aexit__(exc_type, exc, tb)
+
+    async def _close_process(self, process: anyio.abc.Process) -> None:
+        """Closing stdin makes the driver stop every worker and exit; kill it if it lingers."""
+        with anyio.CancelScope(shield=True):
+            if process.stdin is not None:
+                await process.stdin.aclose()
+            with anyio.move_on_after(20):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.aclose()
+
+    async def _read_loop(self, process: anyio.abc.Process) -> None:
+        assert process.stdout is not None
+        reader = LineReader(process.stdout)
+        try:
+            while True:
+                try:
+                    line = await reader.receive_line()
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+                self._route(json.loads(line))
+        finally:
+            self._closed = True
+            for request_id, event in list(self._pending.items()):
+                self._answers.setdefault(
+                    request_id,
+                    {"ok": False, "error": {"code": None, "message": "peer driver exited"}},
+                )
+                event.set()
+            self._event_arrived.set()
+
+    def _route(self, message: dict[str, Any]) -> None:
+        request_id = message.get("id")
+        kind = message.get("event")
+        if kind == "ready":
+            self._ready.set()
+        elif kind == "log" and isinstance(request_id, int):
+            callback = self._log_callbacks.get(request_id)
+            if callback is not None:
+                callback(str(message.get("stream")), str(message.get("chunk")))
+        elif kind == "worker":
+            pid = message.get("pid")
+            self.events.append(
+                WorkerEvent(
+                    plugin_id=str(message.get("pluginId")),
+                    type=str(message.get("type")),
+                    pid=pid if isinstance(pid, int) else None,
+                    raw=message,
+                )
+            )
+            if message.get("type") == "ready":
+                self._shim_pids[str(message.get("pluginId"))] = (
+                    pid if isinstance(pid, int) else None
+                )
+            self._event_arrived.set()
+            self._event_arrived = anyio.Event()
+        elif isinstance(request_id, int) and request_id in self._pending:
+            self._answers[request_id] = message
+            self._pending.pop(request_id).set()
+        else:
+            print(f"host peer: unexpected line {message!r}", file=sys.stderr)
+
+    async def command(
+        self,
+        op: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float = 120.0,
+        on_log: LogCallback | None = None,
+    ) -> Any:
+        """Send one driver command and return its result; raises ``PeerCallError``."""
+        process = self._process
+        if process is None or process.stdin is None or self._closed:
+            raise PeerCallError(None, "the host peer is not running")
+        request_id = next(self._ids)
+        done = anyio.Event()
+        self._pending[request_id] = done
+        if on_log is not None:
+            self._log_callbacks[request_id] = on_log
+        line = json.dumps({**(payload or {}), "id": request_id, "op": op}) + "\n"
+        try:
+            await process.stdin.send(line.encode())
+            with anyio.fail_after(timeout_s):
+                await done.wait()
+        finally:
+            self._pending.pop(request_id, None)
+            self._log_callbacks.pop(request_id, None)
+        answer = self._answers.pop(request_id)
+        if not answer.get("ok"):
+            error = answer.get("error") or {}
+            code = error.get("code")
+            raise PeerCallError(code if isinstance(code, int) else None, str(error.get("message")))
+        return answer.get("result")
+
+    async def start_worker(
+        self,
+        plugin_id: str | None = None,
+        *,
+        package_root: Path | None = None,
+        entrypoint_path: Path | None = None,
+        manifest_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        auto_restart: bool = True,
+    ) -> WorkerInfo:
+        """``startWorker`` through the manager: spawn the shim, ``initialize``, wait for ready."""
+        payload: dict[str, Any] = {
+            "pluginId": plugin_id or self.plugin_id,
+            "packageRoot": str(package_root or self.package_root),
+            "autoRestart": auto_restart,
+        }
+        if entrypoint_path is not None:
+            payload["entrypointPath"] = str(entrypoint_path)
+        if manifest_path is not None:
+            payload["manifestPath"] = str(manifest_path)
+        if env is not None:
+            payload["env"] = dict(env)
+        result = await self.command("start", payload, timeout_s=60)
+        info = WorkerInfo(
+            plugin_id=result["pluginId"],
+            manifest_id=result["manifestId"],
+            entrypoint_path=result["entrypointPath"],
+            pid=result.get("pid"),
+            supported_methods=list(result["supportedMethods"]),
+            start_ms=float(result["startMs"]),
+        )
+        self._shim_pids[info.plugin_id] = info.pid
+        return info
+
+    async def call(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        timeout_ms: int = 30_000,
+        on_log: LogCallback | None = None,
+        plugin_id: str | None = None,
+    ) -> Any:
+        """``manager.call(...)``: the worker's result, or ``PeerCallError(code, message)``."""
+        payload = {
+            "pluginId": plugin_id or self.plugin_id,
+            "method": method,
+            "params": dict(params),
+            "timeoutMs": timeout_ms,
+        }
+        return await self.command("call", payload, timeout_s=timeout_ms / 1000 + 30, on_log=on_log)
+
+    async def stop_worker(self, plugin_id: str | None = None) -> None:
+        """``stopWorker``: shutdown request, then the manager's SIGTERM/SIGKILL escalation."""
+        await self.command("stop", {"pluginId": plugin_id or self.plugin_id}, timeout_s=30)
+
+    async def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.command("status")
+        return result
+
+    def shim_pid(self, plugin_id: str | None = None) -> int | None:
+        """Pid of the Node shim the manager forked (the latest start or restart)."""
+        return self._shim_pids.get(plugin_id or self.plugin_id)
+
+    def worker_pid(self, plugin_id: str | None = None) -> int | None:
+        """Pid of the Python worker: the shim's child running ``-m provider``."""
+        shim = self.shim_pid(plugin_id)
+        if shim is None:
+            return None
+        children = child_pids(shim)
+        for pid in children:
+            if "provider" in cmdline(pid):
+                return pid
+        return children[0] if children else None
+
+    async def wait_for_event(
+        self, event_type: str, *, plugin_id: str | None = None, after: int = 0, timeout_s: float
+    ) -> WorkerEvent:
+        """The first ``event_type`` event at index >= ``after`` in :attr:`events`."""
+        wanted = plugin_id or self.plugin_id
+        with anyio.fail_after(timeout_s):
+            while True:
+                for event in self.events[after:]:
+                    if event.type == event_type and event.plugin_id == wanted:
+                        return event
+                if self._closed:
+                    raise PeerCallError(None, "peer driver exited")
+                await self._event_arrived.wait()
