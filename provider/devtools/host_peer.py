@@ -115,7 +115,7 @@ def cmdline(pid: int) -> list[str]:
 async def wait_until_gone(pid: int, timeout_s: float, poll_s: float = 0.02) -> bool:
     """Poll until ``pid`` is gone; False if it still lives after ``timeout_s``."""
     with anyio.move_on_after(timeout_s):
-        while pid_alive(pid):
+        while pid_alive(pid):  # noqa: ASYNC110 - a process's death has no event to await here
             await anyio.sleep(poll_s)
         return True
     return not pid_alive(pid)
@@ -252,12 +252,13 @@ class HostPeer:
             if callback is not None:
                 callback(str(message.get("stream")), str(message.get("chunk")))
         elif kind == "worker":
-            pid = message.get("pid")
+            raw_pid = message.get("pid")
+            pid = raw_pid if isinstance(raw_pid, int) else None
             self.events.append(
                 WorkerEvent(
                     plugin_id=str(message.get("pluginId")),
                     type=str(message.get("type")),
-                    pid=pid if isinstance(pid, int) else None,
+                    pid=pid,
                     raw=message,
                 )
             )
