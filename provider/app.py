@@ -36,9 +36,10 @@ async def _stop_on_signal(dispatcher: Dispatcher) -> None:
             return
 
 
-async def serve_stdio(protocol_fd: int) -> None:
+async def serve_stdio(protocol_fd: int, dispatcher: Dispatcher | None = None) -> None:
     """Serve the host on stdin / ``protocol_fd`` until shutdown, end of input or a signal."""
-    dispatcher = build_dispatcher()
+    if dispatcher is None:
+        dispatcher = build_dispatcher()
     receive = FdReceiveStream(0)
     send = FdSendStream(protocol_fd)
     async with anyio.create_task_group() as tg:

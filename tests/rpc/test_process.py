@@ -1,0 +1,162 @@
+"""The real ``python -m provider`` process: end of input, shutdown, signals, fd 1 guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HANG_GUARD_S = 20.0  # generous: these tests assert that things happen, not how fast
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+INITIALIZE = _line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+
+
+def _spawn(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        stdin=kwargs.pop("stdin", subprocess.PIPE),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        **kwargs,
+    )
+
+
+def _read_message(stream: IO[bytes] | None) -> dict[str, Any]:
+    assert stream is not None
+    ready, _, _ = select.select([stream], [], [], HANG_GUARD_S)
+    assert ready, "the worker did not answer"
+    message: dict[str, Any] = json.loads(stream.readline())
+    return message
+
+
+def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(data)
+    proc.stdin.flush()
+
+
+def test_end_of_input_exits_zero_after_answering_what_was_read() -> None:
+    proc = _spawn("-m", "provider")
+    health = _line({"jsonrpc": "2.0", "id": 2, "method": "health", "params": {}})
+    out, err = proc.communicate(INITIALIZE + health, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, err
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in replies] == [1, 2]
+    assert replies[1]["result"] == {"status": "ok"}
+
+
+def test_shutdown_replies_null_and_exits_zero_while_stdin_stays_open() -> None:
+    proc = _spawn("-m", "provider")
+    _send(proc, INITIALIZE)
+    assert _read_message(proc.stdout)["result"]["ok"] is True
+    _send(proc, _line({"jsonrpc": "2.0", "id": 2, "method": "shutdown", "params": {}}))
+    assert _read_message(proc.stdout) == {"jsonrpc": "2.0", "id": 2, "result": None}
+    assert proc.wait(timeout=HANG_GUARD_S) == 0
+    assert proc.stdin is not None
+    proc.stdin.close()
+
+
+def test_sigterm_exits_zero() -> None:
+    proc = _spawn("-m", "provider")
+    _send(proc, INITIALIZE)
+    assert _read_message(proc.stdout)["result"]["ok"] is True
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=HANG_GUARD_S) == 0
+    assert proc.stdin is not None
+    proc.stdin.close()
+
+
+def test_a_request_line_of_several_mebibytes_is_answered() -> None:
+    big = {"config": {"shape": "s-1vcpu-1gb", "archiveOnRelease": "x" * (3 * 1024 * 1024)}}
+    request = {"jsonrpc": "2.0", "id": 2, "method": "environmentValidateConfig", "params": big}
+    proc = _spawn("-m", "provider")
+    out, err = proc.communicate(INITIALIZE + _line(request), timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, err
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert replies[1]["result"]["ok"] is True
+
+
+def test_stray_output_never_reaches_the_protocol_stream() -> None:
+    proc = _spawn("-m", "tests.rpc.stray_output_worker")
+    probe = _line({"jsonrpc": "2.0", "id": 2, "method": "environmentProbe", "params": {}})
+    out, err = proc.communicate(INITIALIZE + probe, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [1, 2]
+    assert all(json.loads(line)["jsonrpc"] == "2.0" for line in lines)
+    stderr = err.decode()
+    for text in (
+        "stray print at start-up",
+        "stray print from a handler",
+        "stray sys.stdout.write",
+        "stray os.write to fd 1",
+        "stray output of a child process",
+    ):
+        assert text in stderr
+
+
+def test_exits_at_once_when_the_shim_is_already_gone() -> None:
+    # The shim passes its pid; a different parent means the shim died before prctl took hold.
+    proc = _spawn("-m", "provider", env={"PAPERCLIP_CREATEOS_SHIM_PID": "1"})
+    out, _ = proc.communicate(INITIALIZE, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0
+    assert out == b""  # it never served
+
+
+def test_worker_dies_with_its_parent_even_while_stdin_stays_open() -> None:
+    # The parent holds no pipe of the worker's: only PR_SET_PDEATHSIG can end it.
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    parent_code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-m', 'provider'], stdin={stdin_read}, "
+        f"stdout={stdout_write})\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        pass_fds=(stdin_read, stdout_write),
+    )
+    os.close(stdin_read)
+    os.close(stdout_write)
+    try:
+        assert parent.stdout is not None
+        worker_pid = int(parent.stdout.readline())
+        os.write(stdin_write, INITIALIZE)
+        with os.fdopen(stdout_read, "rb") as worker_out:
+            assert _read_message(worker_out)["result"]["ok"] is True  # up and serving
+            parent.kill()
+            parent.wait(timeout=HANG_GUARD_S)
+            deadline = time.monotonic() + HANG_GUARD_S
+            while _alive(worker_pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not _alive(worker_pid)
+    finally:
+        os.close(stdin_write)
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
