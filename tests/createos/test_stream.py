@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -11,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
@@ -336,14 +335,45 @@ def test_parser_output_does_not_depend_on_chunk_boundaries() -> None:
     assert [f for i in range(len(body)) for f in byte_by_byte.feed(body[i : i + 1])] == whole
 
 
-@given(st.text(alphabet="AB+/9=-_ \n\x00é", max_size=14))
-def test_base64_check_matches_the_spec_regex(text: str) -> None:
+def parses(payload: str) -> bool:
+    frame = {"type": "data", "seq": 1, "stream": "stdout", "data_base64": payload}
     try:
-        binascii.a2b_base64(text, strict_mode=True)
-        accepted = True
-    except (binascii.Error, ValueError):
-        accepted = False
-    assert accepted == (STRICT_B64.fullmatch(text) is not None)
+        FrameParser().feed(line(frame))
+    except MalformedFrame:
+        return False
+    return True
+
+
+@settings(max_examples=1000)
+@given(st.text(alphabet="AB+/9=-_ \n\t\x00é€", max_size=14))
+def test_base64_check_matches_the_spec_regex(text: str) -> None:
+    assert parses(text) == (STRICT_B64.fullmatch(text) is not None)
+
+
+@pytest.mark.parametrize(
+    ("payload", "accepted"),
+    [
+        ("", True),
+        ("QQ==", True),
+        ("QR==", True),  # non-zero trailing bits: the regex allows them
+        ("QUI=", True),
+        ("QUJD", True),
+        ("Q===", False),
+        ("QQ=", False),
+        ("QQ", False),
+        ("=QQQ", False),
+        ("QQ==QQ==", False),
+        ("QQ=A", False),
+        ("QU I=", False),
+    ],
+)
+def test_base64_edge_cases(payload: str, accepted: bool) -> None:
+    assert parses(payload) == accepted
+
+
+def test_json_escapes_inside_base64_are_decoded_first() -> None:
+    body = b'{"type":"data","seq":1,"stream":"stdout","data_base64":"\\/w\\u003d\\u003d"}\n'
+    assert FrameParser().feed(body) == [DataFrame(1, "stdout", b"\xff")]
 
 
 @given(st.binary(max_size=64))
