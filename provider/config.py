@@ -106,6 +106,8 @@ def normalize_api_url(url: str) -> str:
         raise refuse("the host is missing")
     if parts.netloc.startswith("["):
         try:
+            if "%" in host:  # zone ids name a local interface: never an API origin
+                raise ValueError(host)
             ipaddress.IPv6Address(host)
         except ValueError:
             raise refuse("the IPv6 address is malformed") from None

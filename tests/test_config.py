@@ -1,0 +1,343 @@
+"""Environment config: the table of provider-behavior.md section 1 (valid, invalid, normalized)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provider.config import (
+    DEFAULT_API_URL,
+    KNOWN_SHAPES,
+    EnvironmentConfig,
+    normalize_api_url,
+    parse_config,
+    resolve_api_key,
+    validate_config,
+)
+from provider.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BASE: dict[str, Any] = {
+    "apiUrl": "http://127.0.0.1:8790",
+    "apiKey": "emu-key",
+    "shape": "s-1vcpu-1gb",
+}
+SECRET = "sk-live-SECRET-123"
+
+
+# --- apiUrl normalization ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "origin"),
+    [
+        ("https://API.sb.createos.sh:443/v1/", "https://api.sb.createos.sh"),
+        ("http://127.0.0.1:8790/v1", "http://127.0.0.1:8790"),
+        ("HTTPS://api.sb.createos.sh", "https://api.sb.createos.sh"),
+        ("https://api.sb.createos.sh/", "https://api.sb.createos.sh"),
+        ("https://h.example:8443/v1/", "https://h.example:8443"),
+        ("http://localhost", "http://localhost"),
+        ("http://localhost:80/", "http://localhost"),
+        ("http://[::1]:8790", "http://[::1]:8790"),
+        ("https://[2001:DB8::1]/v1", "https://[2001:db8::1]"),
+        ("https://h.example/?", "https://h.example"),
+        ("https://h.example#", "https://h.example"),
+    ],
+)
+def test_api_url_is_reduced_to_its_origin(given: str, origin: str) -> None:
+    assert normalize_api_url(given) == origin
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "https://user:pw@h.example",
+        "https://@h.example",
+        "https://h.example/?k=v",
+        "https://h.example/#frag",
+        "http://remote.example",
+        "http://127.1:8790",  # IPv4 shorthand is not treated as loopback
+        "http://127.0.0.2",
+        "file:///var/run/x.sock",
+        "https://h.example/other",
+        "https://h.example/v1/sandboxes",
+        "https://h.example/V1",
+        "ftp://h.example",
+        "h.example",
+        "https://",
+        "https://h.example:0",
+        "https://h.example:65536",
+        "https://h.example:port",
+        "https://h.example:",
+        "https://h ex.example",
+        "https://h.ex\tample",
+        "https://h.example\n",
+        "https://h\u00e9.example",
+        "https://[::1",
+        "https://[fe80::1%25eth0]",
+        "https://h.example\\@evil.example",
+    ],
+)
+def test_api_url_refusals_state_the_accepted_form_without_repeating_the_url(given: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        normalize_api_url(given)
+    message = str(caught.value)
+    assert caught.value.field == "apiUrl"
+    assert "https://" in message
+    assert "/v1" in message
+    assert "127.0.0.1" in message
+    if given != "https://":  # the accepted form itself starts with https://
+        assert given.strip() not in message
+
+
+# --- parse_config: defaults and normalization ----------------------------------------------------
+
+
+def test_minimal_config_gets_every_default() -> None:
+    config = parse_config({"shape": "s-1vcpu-1gb"})
+    assert config == EnvironmentConfig(
+        api_url=DEFAULT_API_URL,
+        api_key=None,
+        shape="s-1vcpu-1gb",
+        rootfs=None,
+        region=None,
+        timeout_ms=300_000,
+        reuse_lease=False,
+    )
+
+
+def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() -> None:
+    raw = {
+        "apiUrl": "  http://127.0.0.1:8790/v1/ ",
+        "apiKey": " emu-key ",
+        "shape": " s-2vcpu-4gb",
+        "rootfs": "devbox:1 ",
+        "region": " us ",
+        "timeoutMs": 5000.0,
+        "reuseLease": True,
+        "archiveOnRelease": True,
+        "runnerLifecycleMode": "x",
+        "bridgeRequestTimeoutMs": 1,
+    }
+    assert parse_config(raw).normalized() == {
+        "apiUrl": "http://127.0.0.1:8790",
+        "apiKey": "emu-key",
+        "shape": "s-2vcpu-4gb",
+        "rootfs": "devbox:1",
+        "region": "us",
+        "timeoutMs": 5000,
+        "reuseLease": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "field", ["apiUrl", "apiKey", "rootfs", "region", "timeoutMs", "reuseLease"]
+)
+def test_null_means_absent(field: str) -> None:
+    config = parse_config({**BASE, field: None})
+    defaults = parse_config({k: v for k, v in BASE.items() if k != field})
+    assert config == defaults
+
+
+@pytest.mark.parametrize("timeout", [1, 86_400_000, 5000.0, 300_000])
+def test_timeout_accepts_integers_in_range(timeout: float) -> None:
+    assert parse_config({**BASE, "timeoutMs": timeout}).timeout_ms == int(timeout)
+
+
+# --- parse_config: each invalid field ------------------------------------------------------------
+
+
+INVALID_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("shape", {"apiUrl": BASE["apiUrl"], "apiKey": "k"}),
+    ("shape", {**BASE, "shape": None}),
+    ("shape", {**BASE, "shape": ""}),
+    ("shape", {**BASE, "shape": "   "}),
+    ("shape", {**BASE, "shape": 5}),
+    ("shape", {**BASE, "shape": "s-1vcpu\x00-1gb"}),
+    ("apiUrl", {**BASE, "apiUrl": 42}),
+    ("apiUrl", {**BASE, "apiUrl": ""}),
+    ("apiUrl", {**BASE, "apiUrl": "http://remote.example"}),
+    ("apiKey", {**BASE, "apiKey": 12345}),
+    ("apiKey", {**BASE, "apiKey": "  "}),
+    ("apiKey", {**BASE, "apiKey": ["k"]}),
+    ("rootfs", {**BASE, "rootfs": ""}),
+    ("rootfs", {**BASE, "rootfs": {"name": "x"}}),
+    ("region", {**BASE, "region": False}),
+    ("timeoutMs", {**BASE, "timeoutMs": True}),
+    ("timeoutMs", {**BASE, "timeoutMs": False}),
+    ("timeoutMs", {**BASE, "timeoutMs": "500"}),
+    ("timeoutMs", {**BASE, "timeoutMs": float("nan")}),
+    ("timeoutMs", {**BASE, "timeoutMs": float("inf")}),
+    ("timeoutMs", {**BASE, "timeoutMs": 1.5}),
+    ("timeoutMs", {**BASE, "timeoutMs": 0}),
+    ("timeoutMs", {**BASE, "timeoutMs": -1}),
+    ("timeoutMs", {**BASE, "timeoutMs": 86_400_001}),
+    ("timeoutMs", {**BASE, "timeoutMs": 10**30}),
+    ("reuseLease", {**BASE, "reuseLease": "true"}),
+    ("reuseLease", {**BASE, "reuseLease": 1}),
+    ("reuseLease", {**BASE, "reuseLease": 0}),
+]
+
+
+@pytest.mark.parametrize(("field", "raw"), INVALID_CASES)
+def test_each_invalid_field_is_refused_naming_the_field(field: str, raw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(field)
+
+
+@pytest.mark.parametrize("raw", [None, [], "shape", 3])
+def test_a_config_that_is_not_an_object_is_refused(raw: object) -> None:
+    with pytest.raises(ConfigError, match="config must be a JSON object"):
+        parse_config(raw)
+
+
+def test_errors_never_contain_the_api_key() -> None:
+    raw = {"apiUrl": f"https://{SECRET}@h.example", "apiKey": SECRET, "timeoutMs": "x"}
+    result = validate_config(raw)
+    assert result["ok"] is False
+    assert SECRET not in json.dumps(result)
+    with pytest.raises(ConfigError) as caught:
+        resolve_api_key(parse_config({**BASE, "apiKey": SECRET + "\nx"}))
+    assert SECRET not in str(caught.value)
+
+
+# --- validate_config -----------------------------------------------------------------------------
+
+
+def test_validate_returns_normalized_config_with_nulls_for_absent_optionals() -> None:
+    assert validate_config(BASE) == {
+        "ok": True,
+        "normalizedConfig": {
+            "apiUrl": "http://127.0.0.1:8790",
+            "apiKey": "emu-key",
+            "shape": "s-1vcpu-1gb",
+            "rootfs": None,
+            "region": None,
+            "timeoutMs": 300_000,
+            "reuseLease": False,
+        },
+    }
+
+
+def test_validate_keeps_a_secret_reference_as_received() -> None:
+    uuid = "0b5c3b1e-9a55-4b8e-8f0e-3c2f4f6a7d21"
+    result = validate_config({**BASE, "apiKey": uuid})
+    assert result["ok"] is True
+    assert result["normalizedConfig"]["apiKey"] == uuid  # type: ignore[index]
+
+
+def test_validate_lists_every_problem_first_one_first() -> None:
+    result = validate_config({"apiUrl": "http://remote.example", "timeoutMs": 0, "reuseLease": 1})
+    assert result["ok"] is False
+    errors = result["errors"]
+    assert isinstance(errors, list)
+    assert [e.split(" ")[0] for e in errors] == ["apiUrl", "shape", "timeoutMs", "reuseLease"]
+
+
+def test_validate_refuses_a_non_default_endpoint_without_an_api_key() -> None:
+    result = validate_config({"apiUrl": "http://127.0.0.1:8790", "shape": "s-1vcpu-1gb"})
+    assert result["ok"] is False
+    errors = result["errors"]
+    assert isinstance(errors, list)
+    (message,) = errors
+    assert message.startswith("apiKey is required")
+    assert "environment config" in message
+
+
+def test_validate_warns_when_the_default_endpoint_has_no_api_key() -> None:
+    result = validate_config({"shape": "s-1vcpu-1gb"})
+    assert result["ok"] is True
+    warnings = result["warnings"]
+    assert isinstance(warnings, list)
+    (warning,) = warnings
+    assert "CREATEOS_API_KEY" in warning
+
+
+def test_a_shape_outside_the_catalog_is_a_warning_not_an_error() -> None:
+    result = validate_config({**BASE, "shape": "my-template-shape"})
+    assert result["ok"] is True
+    warnings = result["warnings"]
+    assert isinstance(warnings, list)
+    (warning,) = warnings
+    assert "my-template-shape" in warning
+    assert "catalog" in warning
+
+
+# --- API key resolution (spec 1.4) ---------------------------------------------------------------
+
+
+def test_config_key_always_wins() -> None:
+    config = parse_config({"shape": "s-1vcpu-1gb", "apiKey": "from-config"})
+    assert resolve_api_key(config, {"CREATEOS_API_KEY": "from-env"}) == "from-config"
+
+
+def test_env_key_is_used_only_for_the_official_endpoint() -> None:
+    official = parse_config({"shape": "s-1vcpu-1gb"})
+    assert resolve_api_key(official, {"CREATEOS_API_KEY": "  from-env \n"}) == "from-env"
+
+
+@pytest.mark.parametrize(
+    "api_url",
+    [
+        "http://127.0.0.1:8790",
+        "https://api.sb.createos.sh.evil.example",
+        "https://api.sb.createos.sh:8443",
+        "https://other.example",
+    ],
+)
+def test_any_other_origin_without_a_config_key_is_refused_naming_the_fix(api_url: str) -> None:
+    config = parse_config({"shape": "s-1vcpu-1gb", "apiUrl": api_url})
+    with pytest.raises(ConfigError) as caught:
+        resolve_api_key(config, {"CREATEOS_API_KEY": "from-env"})
+    assert "add an apiKey to the environment config" in str(caught.value)
+
+
+@pytest.mark.parametrize("env", [{}, {"CREATEOS_API_KEY": "   "}, {"CREATEOS_API_KEY": "a\x00b"}])
+def test_missing_or_unusable_env_key_is_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="set apiKey in the environment config or provide"):
+        resolve_api_key(parse_config({"shape": "s-1vcpu-1gb"}), env)
+
+
+@pytest.mark.parametrize("key", ["line\nbreak", "carriage\rreturn"])
+def test_config_key_with_line_breaks_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError):
+        resolve_api_key(parse_config({**BASE, "apiKey": key}), {})
+
+
+def test_default_environ_is_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CREATEOS_API_KEY", "process-key")
+    assert resolve_api_key(parse_config({"shape": "s-1vcpu-1gb"})) == "process-key"
+
+
+def test_the_key_is_hidden_from_the_config_repr() -> None:
+    assert SECRET not in repr(parse_config({**BASE, "apiKey": SECRET}))
+
+
+# --- the manifest schema agrees with the parser --------------------------------------------------
+
+
+def test_manifest_schema_lists_the_catalog_and_the_defaults() -> None:
+    manifest = json.loads((REPO_ROOT / "manifest.json").read_text())
+    schema = manifest["environmentDrivers"][0]["configSchema"]
+    props = schema["properties"]
+    assert tuple(props["shape"]["enum"]) == KNOWN_SHAPES
+    assert props["apiUrl"]["default"] == DEFAULT_API_URL
+    assert props["apiKey"]["format"] == "secret-ref"
+    assert props["timeoutMs"]["default"] == 300_000
+    assert (props["timeoutMs"]["minimum"], props["timeoutMs"]["maximum"]) == (1, 86_400_000)
+    assert props["reuseLease"]["default"] is False
+    assert schema["required"] == ["apiUrl", "shape"]
+    assert set(props) == {
+        "apiUrl",
+        "apiKey",
+        "shape",
+        "rootfs",
+        "region",
+        "timeoutMs",
+        "reuseLease",
+    }

@@ -1,0 +1,48 @@
+"""The package the host reads: manifest.json, package.json, versions in one place."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _json(name: str) -> Any:
+    return json.loads((REPO_ROOT / name).read_text())
+
+
+def test_versions_agree_across_pyproject_manifest_package_and_release() -> None:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    release = tomllib.loads((REPO_ROOT / "release.toml").read_text())["version"]
+    assert _json("manifest.json")["version"] == pyproject
+    assert _json("package.json")["version"] == pyproject
+    assert release == pyproject
+
+
+def test_package_json_points_the_host_at_the_loader_and_the_shim() -> None:
+    package = _json("package.json")
+    assert package["type"] == "module"
+    assert package["paperclipPlugin"] == {"manifest": "./manifest.js", "worker": "./shim.mjs"}
+    assert (REPO_ROOT / "manifest.js").is_file()
+    assert (REPO_ROOT / "shim.mjs").is_file()
+
+
+def test_manifest_declares_one_createos_sandbox_provider() -> None:
+    manifest = _json("manifest.json")
+    assert manifest["id"] == "paperclip.createos-sandbox-provider"
+    assert manifest["apiVersion"] == 1
+    assert manifest["categories"] == ["automation"]
+    assert manifest["capabilities"] == ["environment.drivers.register"]
+    assert manifest["entrypoints"] == {"worker": "./shim.mjs"}
+    assert "minimumHostVersion" not in manifest
+    (driver,) = manifest["environmentDrivers"]
+    assert driver["driverKey"] == "createos"
+    assert driver["kind"] == "sandbox_provider"
+    assert driver["supportsReusableLeases"] is True
+    assert driver["sandboxCapabilities"] == {"incrementalSessionOutput": True}
+    assert len(driver["displayName"]) <= 100
+    assert len(driver["description"]) <= 500
+    assert len(manifest["description"]) <= 500
