@@ -41,6 +41,7 @@ MAX_SEQ: Final = 2**53 - 1
 OPERATION: Final = "follow process output"
 _SIGNAL_RE: Final = re.compile(r"SIG[A-Z0-9]+")
 _CODE_RE: Final = re.compile(r"[a-z0-9_]{1,64}")
+_BLANK: Final = frozenset(b" \t\r\n\x0b\x0c")
 
 
 class _Frame(msgspec.Struct):
@@ -84,7 +85,7 @@ class FrameParser:
 
     def __init__(self) -> None:
         self.cursor = 0
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_len = 0
 
     def reset(self) -> None:
@@ -93,28 +94,36 @@ class FrameParser:
         self._pending_len = 0
 
     def feed(self, chunk: bytes) -> list[DataFrame | ExitFrame]:
-        """The frames completed by ``chunk`` (heartbeats and replays are left out)."""
-        if not chunk:
-            return []
-        parts = chunk.split(b"\n")
-        if len(parts) == 1:
-            self._pending.append(chunk)
-            self._pending_len += len(chunk)
-            self._check_tail()
+        """The frames completed by ``chunk`` (heartbeats and replays are left out).
+
+        Lines inside ``chunk`` are parsed from memoryview slices (no copy); only a line that
+        spans chunks is joined.
+        """
+        end = chunk.find(b"\n")
+        if end < 0:
+            if chunk:
+                self._pending.append(chunk)
+                self._pending_len += len(chunk)
+                self._check_tail()
             return []
         frames: list[DataFrame | ExitFrame] = []
-        first = parts[0]
+        view = memoryview(chunk)
         if self._pending:
-            self._pending.append(first)
-            first = b"".join(self._pending)
-            self._pending.clear()
-        self._line(first, frames)
-        for line in parts[1:-1]:
-            self._line(line, frames)
-        tail = parts[-1]
-        self._pending_len = len(tail)
-        if tail:
-            self._pending.append(tail)
+            self._pending.append(view[:end])
+            line: bytes | memoryview = b"".join(self._pending)
+            self.reset()
+        else:
+            line = view[:end]
+        self._line(line, frames)
+        start = end + 1
+        end = chunk.find(b"\n", start)
+        while end >= 0:
+            self._line(view[start:end], frames)
+            start = end + 1
+            end = chunk.find(b"\n", start)
+        if start < len(chunk):
+            self._pending.append(view[start:])
+            self._pending_len = len(chunk) - start
             self._check_tail()
         return frames
 
@@ -132,17 +141,17 @@ class FrameParser:
             self._check_length(b"".join(self._pending), final=False)
 
     @staticmethod
-    def _check_length(line: bytes, *, final: bool) -> None:
+    def _check_length(line: bytes | memoryview, *, final: bool) -> None:
         """Fatal when the line holds more than MAX_LINE_CHARS characters (replacement decode)."""
         if len(line) <= MAX_LINE_CHARS:
             return
         if len(line) > 4 * MAX_LINE_CHARS or (
-            len(line.decode("utf-8", "replace" if final else "ignore")) > MAX_LINE_CHARS
+            len(bytes(line).decode("utf-8", "replace" if final else "ignore")) > MAX_LINE_CHARS
         ):
             raise MalformedFrame("CreateOS output stream sent a line over 1,048,576 characters.")
 
-    def _line(self, line: bytes, frames: list[DataFrame | ExitFrame]) -> None:
-        if not line or line.isspace():  # isspace stops at the first non-blank byte
+    def _line(self, line: bytes | memoryview, frames: list[DataFrame | ExitFrame]) -> None:
+        if not line or (line[0] in _BLANK and bytes(line).isspace()):
             return
         self._check_length(line, final=True)
         try:
@@ -152,7 +161,7 @@ class FrameParser:
                 raise
             except msgspec.DecodeError:
                 # The spec decodes with replacement first; only invalid UTF-8 parses again.
-                raw = _decoder.decode(line.decode("utf-8", "replace"))
+                raw = _decoder.decode(bytes(line).decode("utf-8", "replace"))
         except msgspec.ValidationError as exc:
             raise MalformedFrame(
                 "CreateOS output stream sent a frame with a field of the wrong type "
