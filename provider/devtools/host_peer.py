@@ -156,8 +156,10 @@ class HostPeer:
         peer_dir: Path | None = None,
         log_file: Path | None = None,
         plugin_id: str = DEFAULT_PLUGIN_ID,
+        cwd: Path | None = None,
     ) -> None:
         self.package_root = package_root
+        self.cwd = cwd
         self.peer_dir = peer_dir
         self.log_file = log_file
         self.plugin_id = plugin_id
@@ -189,6 +191,7 @@ class HostPeer:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=None,
+                cwd=self.cwd,  # the host's cwd, inherited by the worker (it must not matter)
             )
             self._process = process
             tg = await stack.enter_async_context(anyio.create_task_group())
