@@ -204,9 +204,13 @@ class RequestPacer:
         self.interval = interval
         self._book: _LocalBook = _LocalBook()
         if interval > 0 and shared_dir is not None:
-            folder = default_runtime_dir() if shared_dir is ... else Path(shared_dir)
-            digest = hashlib.sha256(self.origin.encode()).hexdigest()
-            self._book = _FileBook(folder / f"{digest}.pace")
+            try:
+                folder = default_runtime_dir() if shared_dir is ... else Path(shared_dir)
+            except OSError:  # no usable temporary directory: pace in-process
+                log.warning("CreateOS request pacing is per process: no runtime folder")
+            else:
+                digest = hashlib.sha256(self.origin.encode()).hexdigest()
+                self._book = _FileBook(folder / f"{digest}.pace")
         self._reserving: deque[object] = deque()
 
     @property
