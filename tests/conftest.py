@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import anyio
 import pytest
+
+from provider.emulator import BwrapUnavailable, Emulator
+from provider.emulator.bwrap import probe_runtime
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[Emulator]:
+    """A started CreateOS emulator (keys ``test-key`` and ``other-key``), stopped afterwards.
+
+    Skips when bubblewrap cannot sandbox on this machine. Teardown asserts that no sandbox
+    process outlived the emulator.
+    """
+    try:
+        await anyio.to_thread.run_sync(probe_runtime)
+    except BwrapUnavailable as exc:
+        pytest.skip(str(exc))
+    emu = Emulator(api_keys=["test-key", "other-key"])
+    async with emu:
+        yield emu
+    leaked = emu.leaked_host_pids()
+    assert leaked == [], f"sandbox processes left alive after emulator stop: {leaked}"

@@ -1,4 +1,13 @@
-"""CreateOS emulator: a loopback server speaking the CreateOS Sandbox API, running sandboxes under bubblewrap.
+"""CreateOS emulator: a loopback server speaking the CreateOS Sandbox API.
 
-This package imports nothing from the worker side of ``provider`` (rpc, driver, createos).
+Sandboxes run as real processes isolated with bubblewrap.
+
+This package imports nothing from the worker side of ``provider`` (rpc, driver, createos, config,
+errors).
 """
+
+from .bwrap import BwrapUnavailable
+from .client import EmulatorAdmin, EmulatorAdminError
+from .server import Emulator
+
+__all__ = ["BwrapUnavailable", "Emulator", "EmulatorAdmin", "EmulatorAdminError"]

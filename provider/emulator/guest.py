@@ -1,0 +1,279 @@
+"""The emulator's side of one sandbox: the bwrap process and the control channel to its supervisor.
+
+:class:`Guest` starts ``bwrap`` (from the event-loop thread, so ``--die-with-parent`` is tied to a
+thread that lives as long as the emulator), waits for the supervisor's ``ready`` event, then
+multiplexes requests, replies (with passed file descriptors) and events over one SOCK_SEQPACKET
+socket. Exit events are recorded synchronously by the reader task, so a process can never miss
+its own exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .bwrap import GuestRuntime, sandbox_argv
+
+log = logging.getLogger("provider.emulator")
+
+MAX_MSG = 1 << 20
+START_TIMEOUT_S = 20.0
+
+
+class GuestGone(Exception):
+    """The supervisor is gone (sandbox destroyed or crashed)."""
+
+
+class GuestOpError(Exception):
+    """The supervisor refused an operation; ``code`` is its machine word."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class ExitInfo:
+    """How a spawned leader ended: ``code`` or ``signal`` (``SIG*`` name)."""
+
+    code: int | None = None
+    signal: str | None = None
+
+
+@dataclass
+class ChildWatch:
+    """Exit and tree-exit notifications of one spawned leader (guest pid == session id)."""
+
+    exit: ExitInfo | None = None
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    tree_gone: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Guest:
+    """One running sandbox payload: bwrap + supervisor + control socket."""
+
+    def __init__(self, runtime: GuestRuntime) -> None:
+        self.runtime = runtime
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.child_pidfd: int | None = None
+        self.host_pid: int | None = None  # host pid of the supervisor (guest pid 1)
+        self.pid_ns: str | None = None  # e.g. "pid:[4026532]" of the guest namespace
+        self.children: dict[int, ChildWatch] = {}
+        self._pending: dict[int, tuple[anyio.Event, list[Any]]] = {}
+        self._next_id = 0
+        self._send_lock = anyio.Lock()
+        self._gone = False
+        self._ready = anyio.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(
+        self,
+        tg: anyio.abc.TaskGroup,
+        *,
+        fs_dir: Path,
+        etc_dir: Path,
+        supervisor: Path,
+        hostname: str,
+        log_path: Path,
+        unshare_net: bool,
+    ) -> None:
+        """Launch bwrap and wait until the supervisor says it is ready."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_r, info_w = os.pipe()
+        try:
+            argv = sandbox_argv(
+                self.runtime,
+                fs_dir=fs_dir,
+                etc_dir=etc_dir,
+                supervisor=supervisor,
+                hostname=hostname,
+                ctrl_fd=theirs.fileno(),
+                unshare_net=unshare_net,
+            )
+            argv[1:1] = ["--info-fd", str(info_w)]
+            with log_path.open("ab") as errlog:
+                self.proc = subprocess.Popen(  # noqa: ASYNC220 - must fork from the loop thread
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errlog,
+                    pass_fds=(theirs.fileno(), info_w),
+                    close_fds=True,
+                    user=self.runtime.drop_to_uid,
+                    group=self.runtime.drop_to_uid,
+                    extra_groups=None if self.runtime.drop_to_uid is None else [],
+                )
+        finally:
+            theirs.close()
+            os.close(info_w)
+        ours.setblocking(False)
+        self.sock = ours
+        tg.start_soon(self._read_loop)
+        try:
+            with anyio.fail_after(START_TIMEOUT_S):
+                info = await _read_info(info_r)
+                await self._ready.wait()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.kill()
+            raise
+        finally:
+            os.close(info_r)
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            self.host_pid = int(json.loads(info or b"{}")["child-pid"])
+        if self.host_pid is not None:
+            with contextlib.suppress(OSError):
+                self.child_pidfd = os.pidfd_open(self.host_pid)
+                self.pid_ns = os.readlink(f"/proc/{self.host_pid}/ns/pid")  # noqa: PTH115
+        if self._gone:
+            raise GuestGone("sandbox payload exited during start")
+
+    async def kill(self) -> None:
+        """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace) and reap bwrap."""
+        self._gone = True
+        if self.child_pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.child_pidfd, signal.SIGKILL)
+            os.close(self.child_pidfd)
+            self.child_pidfd = None
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+        proc = self.proc
+        if proc is not None:
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+            while proc.poll() is None:  # noqa: ASYNC110 - Popen offers no awaitable exit
+                await anyio.sleep(0.005)
+        self._fail_pending()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    @property
+    def alive(self) -> bool:
+        return not self._gone
+
+    # -- requests -----------------------------------------------------------------------
+    async def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        """Send one request and wait for its reply; returns (reply, passed fds)."""
+        if self._gone or self.sock is None:
+            raise GuestGone("sandbox is gone")
+        self._next_id += 1
+        rid = self._next_id
+        done = anyio.Event()
+        slot: list[Any] = []
+        self._pending[rid] = (done, slot)
+        try:
+            await self._send(json.dumps({"id": rid, "op": op, **fields}).encode())
+            await done.wait()
+        finally:
+            self._pending.pop(rid, None)
+        if not slot:
+            raise GuestGone("sandbox is gone")
+        reply, fds = slot[0], slot[1]
+        if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            raise GuestOpError(str(reply.get("error")), str(reply.get("message")))
+        return reply, fds
+
+    async def _send(self, data: bytes) -> None:
+        sock = self.sock
+        assert sock is not None
+        async with self._send_lock:
+            while True:
+                try:
+                    sock.send(data)
+                    return
+                except BlockingIOError:
+                    await anyio.wait_writable(sock)
+                except OSError as exc:
+                    raise GuestGone("sandbox is gone") from exc
+
+    async def _read_loop(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            while True:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MSG, 8)
+                except BlockingIOError:
+                    await anyio.wait_readable(sock)
+                    continue
+                except OSError:
+                    break
+                if not data:
+                    for fd in fds:
+                        os.close(fd)
+                    break
+                self._dispatch(json.loads(data), fds)
+        finally:
+            self._gone = True
+            self._fail_pending()
+
+    def _dispatch(self, msg: dict[str, Any], fds: list[int]) -> None:
+        event = msg.get("event")
+        if event is None:
+            waiter = self._pending.get(int(msg.get("id", 0)))
+            if waiter is None:
+                for fd in fds:
+                    os.close(fd)
+                return
+            if msg.get("ok") and "pid" in msg:
+                self.children[int(msg["pid"])] = ChildWatch()
+            waiter[1].extend([msg, fds])
+            waiter[0].set()
+        elif event == "ready":
+            self._ready.set()
+        elif event == "exit":
+            watch = self.children.get(int(msg["pid"]))
+            if watch is not None:
+                watch.exit = ExitInfo(code=msg.get("code"), signal=msg.get("signal"))
+                watch.exited.set()
+        elif event == "tree_exit":
+            watch = self.children.get(int(msg["sid"]))
+            if watch is not None:
+                watch.tree_gone.set()
+        for fd in fds if event is not None else ():
+            os.close(fd)
+
+    def _fail_pending(self) -> None:
+        for done, _slot in list(self._pending.values()):
+            done.set()
+        self._ready.set()
+        for watch in self.children.values():
+            if watch.exit is None:
+                watch.exit = ExitInfo(signal="SIGKILL")
+            watch.exited.set()
+            watch.tree_gone.set()
+
+
+async def _read_info(fd: int) -> bytes:
+    """Read bwrap's ``--info-fd`` JSON (ends at its closing brace or EOF)."""
+    os.set_blocking(fd, False)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        chunks.append(chunk)
+        if not chunk or b"}" in chunk:
+            return b"".join(chunks)

@@ -1,0 +1,275 @@
+"""Managed processes and one-shot exec: pipe pumps, exit detection, stdin, tree kill.
+
+The supervisor spawns each command in a new session and passes the parent ends of its pipes to
+the emulator, which reads them directly (no relay hop). A pump keeps draining a pipe into the
+journal whether or not a reader is attached. "Finished" means the leader's exit is known and
+both pipes reached EOF, or stayed empty for ``exit_drain_ms`` (a background child may keep them
+open); only then is the ``exit`` line appended, after every data frame read so far.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .guest import ChildWatch, ExitInfo, Guest, GuestGone
+from .ids import new_id, utc_now
+from .journal import Journal
+from .settings import Settings
+
+READ_SIZE = 1 << 20
+F_SETPIPE_SZ = 1031
+PIPE_SIZE = 1 << 20
+SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+MAX_INPUT = 256 * 1024
+MAX_QUEUED_INPUT = 8 << 20
+
+
+@dataclass
+class Pump:
+    """State of one pipe being drained."""
+
+    fd: int
+    parked: bool = False
+    eof: bool = False
+
+    def idle_and_empty(self) -> bool:
+        if self.eof:
+            return True
+        if not self.parked:
+            return False
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        return not poller.poll(0)
+
+
+def prepare_read_fd(fd: int) -> None:
+    os.set_blocking(fd, False)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+
+
+async def run_pump(pump: Pump, on_chunk: Callable[[bytes], Awaitable[None]]) -> None:
+    """Read ``pump.fd`` until EOF, handing every chunk to ``on_chunk``; closes the fd."""
+    try:
+        while True:
+            try:
+                data = os.read(pump.fd, READ_SIZE)
+            except BlockingIOError:
+                pump.parked = True
+                try:
+                    await anyio.wait_readable(pump.fd)
+                finally:
+                    pump.parked = False
+                continue
+            if not data:
+                break
+            await on_chunk(data)
+    finally:
+        pump.eof = True
+        os.close(pump.fd)
+
+
+async def await_finish(watch: ChildWatch, pumps: list[Pump], drain_s: float) -> ExitInfo:
+    """Wait for the leader's exit, then for its output to be fully read (see module doc)."""
+    await watch.exited.wait()
+    deadline = anyio.current_time() + drain_s
+    delay = 0.001
+    while not all(p.eof for p in pumps):
+        if anyio.current_time() >= deadline and all(p.idle_and_empty() for p in pumps):
+            break
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.01)
+    return watch.exit or ExitInfo(signal="SIGKILL")
+
+
+def exit_line(info: ExitInfo) -> bytes:
+    if info.signal is not None:
+        return b'{"type":"exit","signal":"%s"}\n' % info.signal.encode()
+    return b'{"type":"exit","exit_code":%d}\n' % (info.code if info.code is not None else -1)
+
+
+class StdinWriter:
+    """Queued, non-blocking writes to a process's stdin pipe."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.closed = fd is None
+        self.queued = 0
+        self._queue: list[bytes] = []
+        self._wake = anyio.Event()
+        if fd is not None:
+            os.set_blocking(fd, False)
+
+    def push(self, data: bytes) -> None:
+        self._queue.append(data)
+        self.queued += len(data)
+        self._wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        fd = self.fd
+        if fd is None:
+            return
+        try:
+            while True:
+                while self._queue:
+                    data = memoryview(self._queue[0])
+                    while data:
+                        try:
+                            n = os.write(fd, data)
+                        except BlockingIOError:
+                            await anyio.wait_writable(fd)
+                            continue
+                        except OSError:  # reader gone (EPIPE): drop the rest
+                            self._queue.clear()
+                            self.queued = 0
+                            return
+                        data = data[n:]
+                        self.queued -= n
+                    self._queue.pop(0)
+                if self.closed:
+                    return
+                self._wake = anyio.Event()
+                await self._wake.wait()
+        finally:
+            self.fd = None
+            os.close(fd)
+
+
+@dataclass
+class ManagedProcess:
+    """One process of ``/processes``: journal, state flags and its stdin."""
+
+    sandbox_id: str
+    pid: int
+    cmd: str
+    args: list[str]
+    cwd: str
+    journal: Journal
+    stdin: StdinWriter
+    watch: ChildWatch
+    process_id: str = field(default_factory=lambda: new_id("proc_"))
+    created_at: str = field(default_factory=utc_now)
+    state: str = "running"
+    error: str | None = None
+    exit: ExitInfo | None = None
+    finished_at: str | None = None
+    input_seq: int = 0
+    finished: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def leader_exited(self) -> bool:
+        return self.exit is not None
+
+    @property
+    def tree_exited(self) -> bool:
+        return self.exit is not None and self.watch.tree_gone.is_set()
+
+    def view(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "process_id": self.process_id,
+            "kind": "process",
+            "pid": self.pid,
+            "state": self.state,
+            "leader_exited": self.leader_exited,
+            "tree_exited": self.tree_exited,
+            "created_at": self.created_at,
+            "cmd": self.cmd,
+            "args": self.args,
+            "cwd": self.cwd,
+            "output": self.journal.describe(),
+        }
+        if self.exit is not None:
+            if self.exit.signal is not None:
+                out["signal"] = self.exit.signal
+            else:
+                out["exit_code"] = self.exit.code
+            out["finished_at"] = self.finished_at
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    async def run(self, fds: list[int], settings: Settings) -> None:
+        """Pump both pipes, feed stdin, record the exit, until the tree is gone."""
+        pumps = [Pump(fds[1]), Pump(fds[2])]
+        for pump in pumps:
+            prepare_read_fd(pump.fd)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_pump, pumps[0], self._journal_to("stdout"))
+            tg.start_soon(run_pump, pumps[1], self._journal_to("stderr"))
+            tg.start_soon(self.stdin.run)
+            info = await await_finish(self.watch, pumps, settings.exit_drain_ms / 1000)
+            self.exit = info
+            self.finished_at = utc_now()
+            if self.state != "failed":
+                self.state = "exited"
+            self.journal.finish(exit_line(info))
+            self.finished.set()
+            await self.watch.tree_gone.wait()
+            self.stdin.close()
+
+    def _journal_to(self, stream: str) -> Callable[[bytes], Awaitable[None]]:
+        async def on_chunk(data: bytes) -> None:
+            await self.journal.append(stream, data)
+
+        return on_chunk
+
+    async def kill_tree(self, guest: Guest, grace_ms: int) -> None:
+        """SIGTERM the session, SIGKILL after ``grace_ms``, return once nothing is left."""
+        if not self.tree_exited and self.state != "exited":
+            self.state = "terminating"
+        if not self.tree_exited:
+            with contextlib.suppress(GuestGone):
+                await guest.request("kill_tree", sid=self.pid, grace_ms=grace_ms)
+            await self.watch.tree_gone.wait()
+        await self.finished.wait()
+
+
+@dataclass
+class ExecResult:
+    stdout: bytes
+    stderr: bytes
+    exit: ExitInfo
+
+
+async def run_exec(
+    guest: Guest,
+    fds: list[int],
+    watch: ChildWatch,
+    stdin: bytes,
+    settings: Settings,
+    on_output: Callable[[str, bytes], Awaitable[None]],
+) -> ExitInfo:
+    """Drive one spawned exec: write stdin then close it, stream output, wait for the exit."""
+    writer = StdinWriter(fds[0])
+    if stdin:
+        writer.push(stdin)
+    writer.close()
+    pumps = [Pump(fds[1]), Pump(fds[2])]
+    for pump in pumps:
+        prepare_read_fd(pump.fd)
+
+    def sink(stream: str) -> Callable[[bytes], Awaitable[None]]:
+        async def on_chunk(data: bytes) -> None:
+            await on_output(stream, data)
+
+        return on_chunk
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        tg.start_soon(run_pump, pumps[0], sink("stdout"))
+        tg.start_soon(run_pump, pumps[1], sink("stderr"))
+        info = await await_finish(watch, pumps, settings.exit_drain_ms / 1000)
+        tg.cancel_scope.cancel()
+    return info

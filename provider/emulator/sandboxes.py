@@ -1,0 +1,376 @@
+"""Sandboxes: host-side state dir, the bwrap guest, the state machine and timed transitions.
+
+Pause freezes every guest process with SIGSTOP (the supervisor, pid 1, sends ``kill(-1, ...)``)
+as soon as it is accepted; the status reads ``pausing`` for ``pause_delay_ms``, then ``paused``.
+Resume reads ``resuming`` for ``resume_delay_ms``, then SIGCONT and ``running``. Delete kills
+pid 1 (the kernel takes the whole namespace with it) before answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .bwrap import GUEST_PATH, GuestRuntime, write_guest_etc
+from .catalog import BANDWIDTH_QUOTA_BYTES, DEFAULT_DISK_MIB
+from .guest import ChildWatch, Guest, GuestGone
+from .ids import new_id, utc_now
+from .journal import Journal
+from .processes import ManagedProcess, StdinWriter
+from .settings import Settings
+
+GUEST_TREES = ("paperclip-workspace", "tmp", "root")
+LIVE = ("creating", "running", "pausing", "paused", "resuming", "forking", "error")
+TRANSITIONAL = ("creating", "pausing", "resuming", "forking", "destroying")
+
+
+@dataclass
+class SandboxSpec:
+    """Validated create fields."""
+
+    shape: str
+    vcpu: int
+    mem_mib: int
+    rootfs: str
+    region: str
+    name: str
+    disk_mib: int = DEFAULT_DISK_MIB
+    egress: list[str] | None = None
+    envs: dict[str, str] = field(default_factory=dict)
+    auto_pause_after_seconds: int | None = None
+    ingress_enabled: bool = False
+
+
+class Sandbox:
+    """One sandbox row and, while live, its guest."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        *,
+        owner: str,
+        state_root: Path,
+        runtime: GuestRuntime,
+        settings: Settings,
+        forked_from: str | None = None,
+    ) -> None:
+        self.id = new_id("sb_")
+        self.spec = spec
+        self.owner = owner
+        self.state_dir = state_root / self.id
+        self.runtime = runtime
+        self.settings = settings
+        self.forked_from = forked_from
+        self.status = "creating"
+        self.created_at = utc_now()
+        self.times: dict[str, str] = {}
+        high, low = divmod(int.from_bytes(os.urandom(2), "big") % 64000 + 2, 250)
+        self.ip = f"10.0.{high}.{low}"
+        self.spawn_ms = 0
+        self.guest: Guest | None = None
+        self.processes: dict[str, ManagedProcess] = {}
+        self.last_activity = anyio.current_time()
+        self.paused_mono = 0.0
+        self._stale: tuple[str, int] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = anyio.Event()
+        self._transition = 0  # bumps on every accepted transition
+
+    # -- paths --------------------------------------------------------------------------
+    @property
+    def fs_dir(self) -> Path:
+        return self.state_dir / "fs"
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+    # -- views --------------------------------------------------------------------------
+    def view(self, *, reader: bool = False) -> dict[str, Any]:
+        status = self.status
+        if reader and self._stale is not None:
+            old, left = self._stale
+            status = old
+            self._stale = (old, left - 1) if left > 1 else None
+        spec = self.spec
+        out: dict[str, Any] = {
+            "id": self.id,
+            "status": status,
+            "vcpu": spec.vcpu,
+            "mem_mib": spec.mem_mib,
+            "disk_mib": spec.disk_mib,
+            "created_at": self.created_at,
+            "ingress_enabled": spec.ingress_enabled,
+            "name": spec.name,
+            "shape": spec.shape,
+            "rootfs": spec.rootfs,
+            "region": spec.region,
+            "egress": list(spec.egress or []),
+            "envs": sorted(spec.envs),
+        }
+        if status not in ("destroyed", "failed"):
+            out["ip"] = self.ip
+        out.update(self.times)
+        if self.forked_from is not None:
+            out["forked_from"] = self.forked_from
+        if spec.auto_pause_after_seconds is not None:
+            out["auto_pause_after_seconds"] = spec.auto_pause_after_seconds
+        return out
+
+    def create_view(self) -> dict[str, Any]:
+        out = self.view()
+        out["spawn_ms"] = self.spawn_ms
+        out["bandwidth_quota_bytes"] = BANDWIDTH_QUOTA_BYTES
+        return out
+
+    def _set_status(self, status: str, *, stale: bool = False) -> None:
+        old = self.status
+        self.status = status
+        self._transition += 1
+        if stale and self.settings.stale_reads > 0:
+            self._stale = (old, self.settings.stale_reads)
+        stamp = {
+            "running": "running_at",
+            "paused": "paused_at",
+            "destroyed": "destroyed_at",
+        }.get(status)
+        if stamp is not None:
+            self.times[stamp] = utc_now()
+        if status == "running" and old == "resuming":
+            self.times["last_resumed_at"] = utc_now()
+        if status == "paused":
+            self.paused_mono = anyio.current_time()
+
+    def touch(self) -> None:
+        self.last_activity = anyio.current_time()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def run(
+        self,
+        *,
+        supervisor: Path,
+        unshare_net: bool,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Own the sandbox's task group until it is destroyed; boots the guest first."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            started = anyio.current_time()
+            try:
+                await self._boot(tg, supervisor, unshare_net)
+            except BaseException:
+                self.status = "failed"
+                self._closed.set()
+                raise
+            self.spawn_ms = int((anyio.current_time() - started) * 1000)
+            task_status.started()
+            tg.start_soon(self._auto_pause_loop)
+            await self._closed.wait()
+            tg.cancel_scope.cancel()
+
+    async def _boot(self, tg: anyio.abc.TaskGroup, supervisor: Path, unshare_net: bool) -> None:
+        await anyio.to_thread.run_sync(self._prepare_dirs)
+        guest = Guest(self.runtime)
+        self.guest = guest
+        await guest.start(
+            tg,
+            fs_dir=self.fs_dir,
+            etc_dir=self.state_dir / "etc",
+            supervisor=supervisor,
+            hostname=self.spec.name,
+            log_path=self.state_dir / "supervisor.log",
+            unshare_net=unshare_net,
+        )
+
+    def _prepare_dirs(self) -> None:
+        uid = self.runtime.drop_to_uid
+        for path in (self.state_dir, self.fs_dir):
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o711)
+        for tree in GUEST_TREES:
+            path = self.fs_dir / tree
+            path.mkdir(exist_ok=True)
+            path.chmod(0o700)
+            if uid is not None:
+                os.chown(path, uid, uid)
+        write_guest_etc(self.state_dir / "etc", self.spec.name)
+
+    def start_soon(self, func: Callable[[], Any]) -> None:
+        if self._tg is not None and not self._closed.is_set():
+            self._tg.start_soon(func)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    # -- transitions --------------------------------------------------------------------
+    def mark_running(self) -> None:
+        self._set_status("running")
+        self.touch()
+
+    def mark_paused(self) -> None:
+        self._set_status("paused")
+
+    async def pause(self) -> int:
+        """Accept a pause: 202 when started, 200 when already paused (409 raised by caller)."""
+        if self.status == "paused":
+            return 200
+        self._set_status("pausing", stale=True)
+        await self.freeze(True)
+        self._after(self.settings.pause_delay_ms, "pausing", "paused")
+        return 202
+
+    async def resume(self) -> int:
+        if self.status == "running":
+            return 200
+        self._set_status("resuming", stale=True)
+        self._after(self.settings.resume_delay_ms, "resuming", "running", thaw=True)
+        return 202
+
+    def _after(self, delay_ms: int, expect: str, final: str, *, thaw: bool = False) -> None:
+        token = self._transition
+
+        async def finish() -> None:
+            await anyio.sleep(delay_ms / 1000)
+            if self._transition != token or self.status != expect:
+                return
+            if thaw:
+                await self.freeze(False)
+            self._set_status(final)
+            self.touch()
+
+        self.start_soon(finish)
+
+    async def freeze(self, stop: bool) -> None:
+        if self.guest is not None:
+            with contextlib.suppress(GuestGone):
+                await self.guest.request("freeze", stop=stop)
+
+    async def force_status(self, status: str) -> None:
+        """Admin: set a status directly, freezing or thawing the guest to match."""
+        if status in ("paused", "pausing", "error"):
+            await self.freeze(True)
+        elif status == "running":
+            await self.freeze(False)
+        self._set_status(status)
+
+    async def kill_guest(self) -> None:
+        """Kill every process of the sandbox now (idempotent)."""
+        with anyio.CancelScope(shield=True):
+            if self.guest is not None:
+                await self.guest.kill()
+                self.guest.close()
+            self._closed.set()
+
+    def remove_state(self) -> None:
+        """Delete the host-side state dir (blocking; run in a thread)."""
+
+        def onerror(func: Any, path: str, _exc: Any) -> None:
+            with contextlib.suppress(OSError):
+                Path(path).parent.chmod(0o700)
+                Path(path).chmod(0o700)
+                func(path)
+
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir, onerror=onerror)
+
+    def copy_fs_to(self, other: Sandbox) -> None:
+        """Copy the guest trees into ``other`` (blocking; run as the guest uid on root hosts)."""
+        other._prepare_dirs()
+        kwargs: dict[str, Any] = {}
+        uid = self.runtime.drop_to_uid
+        if uid is not None:
+            kwargs = {"user": uid, "group": uid, "extra_groups": []}
+        for tree in GUEST_TREES:
+            src, dst = self.fs_dir / tree, other.fs_dir / tree
+            subprocess.run(
+                ["cp", "-a", "--", f"{src}/.", f"{dst}/"],
+                check=True,
+                capture_output=True,
+                **kwargs,
+            )
+
+    def begin_destroy(self) -> str:
+        """Status answered by DELETE: ``destroyed`` at once from paused/error, else destroying."""
+        if self.status in ("paused", "error", "failed"):
+            self._set_status("destroyed")
+        else:
+            self._set_status("destroying")
+        return self.status
+
+    def finish_destroy(self) -> None:
+        if self.status != "destroyed":
+            self._set_status("destroyed")
+
+    # -- guest operations ---------------------------------------------------------------
+    def base_env(self, overrides: dict[str, str]) -> dict[str, str]:
+        env = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "root"}
+        env["HOSTNAME"] = self.spec.name
+        env.update(self.spec.envs)
+        env.update(overrides)
+        return env
+
+    async def spawn(
+        self, cmd: str, args: list[str], env: dict[str, str], cwd: str
+    ) -> tuple[int, list[int], ChildWatch]:
+        guest = self._require_guest()
+        reply, fds = await guest.request(
+            "spawn", cmd=cmd, args=args, env=self.base_env(env), cwd=cwd
+        )
+        pid = int(reply["pid"])
+        return pid, fds, guest.children[pid]
+
+    async def start_process(
+        self, cmd: str, args: list[str], env: dict[str, str], cwd: str
+    ) -> ManagedProcess:
+        if self._tg is None or self._closed.is_set():
+            raise GuestGone("sandbox is gone")
+        pid, fds, watch = await self.spawn(cmd, args, env, cwd)
+        process = ManagedProcess(
+            sandbox_id=self.id,
+            pid=pid,
+            cmd=cmd,
+            args=args,
+            cwd=cwd,
+            journal=Journal(self.settings.journal_limits),
+            stdin=StdinWriter(fds[0]),
+            watch=watch,
+        )
+        self.processes[process.process_id] = process
+        assert self._tg is not None
+        self._tg.start_soon(process.run, fds, self.settings)
+        return process
+
+    def _require_guest(self) -> Guest:
+        if self.guest is None or not self.guest.alive:
+            raise GuestGone("sandbox is gone")
+        return self.guest
+
+    async def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        return await self._require_guest().request(op, **fields)
+
+    # -- auto-pause ---------------------------------------------------------------------
+    def _output_total(self) -> int:
+        return sum(p.journal.total_bytes for p in self.processes.values())
+
+    async def _auto_pause_loop(self) -> None:
+        seen_output = self._output_total()
+        while True:
+            await anyio.sleep(0.25)
+            limit = self.spec.auto_pause_after_seconds
+            total = self._output_total()
+            if total != seen_output:
+                seen_output = total
+                self.touch()
+            if limit is None or self.status != "running":
+                continue
+            if anyio.current_time() - self.last_activity >= limit:
+                await self.pause()

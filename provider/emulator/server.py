@@ -1,0 +1,140 @@
+"""Emulator: the async context manager that runs the whole emulator inside the caller's loop."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from . import routes_exec, routes_processes, routes_sandboxes
+from .admin import Admin, scan_host
+from .bwrap import probe_runtime
+from .client import EmulatorAdmin
+from .core import EmulatorCore
+from .http import HTTPServer
+from .router import Router, internal_error
+
+SUPERVISOR_SOURCE = Path(__file__).with_name("guest_supervisor.py")
+
+
+class Emulator:
+    """A loopback CreateOS emulator.
+
+    ``async with Emulator(api_keys=["test-key"]) as emu:`` starts it (raising
+    :class:`~provider.emulator.bwrap.BwrapUnavailable` when bubblewrap cannot sandbox here);
+    leaving the block kills every sandbox process and removes the state it created.
+    """
+
+    def __init__(
+        self,
+        api_keys: list[str] | tuple[str, ...] = ("test-key", "other-key"),
+        data_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        settings: dict[str, Any] | None = None,
+        *,
+        admin_token: str | None = None,
+        unshare_net: bool = False,
+        access_log: bool = False,
+    ) -> None:
+        self._api_keys = list(api_keys)
+        self._data_dir_arg = Path(data_dir) if data_dir is not None else None
+        self._host = host
+        self._port = port
+        self._settings = dict(settings or {})
+        self.admin_token = admin_token or secrets.token_urlsafe(24)
+        self._unshare_net = unshare_net
+        self._access_log = access_log
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._owned_dir: Path | None = None
+        self.core: EmulatorCore | None = None
+        self.base_url = ""
+        self.admin = EmulatorAdmin("http://127.0.0.1", self.admin_token)
+
+    async def __aenter__(self) -> Emulator:
+        runtime = await anyio.to_thread.run_sync(probe_runtime)
+        data_dir = await anyio.to_thread.run_sync(self._prepare_data_dir)
+        core = EmulatorCore(
+            api_keys=self._api_keys,
+            data_dir=data_dir,
+            runtime=runtime,
+            supervisor=data_dir / "guest" / "supervisor.py",
+            settings=self._settings,
+            unshare_net=self._unshare_net,
+        )
+        router = Router(
+            core,
+            routes_sandboxes.ROUTES + routes_exec.ROUTES + routes_processes.ROUTES,
+            Admin(core, self.admin_token),
+            access_log=self._access_log,
+        )
+        server = HTTPServer(router, internal_error)
+        host, port = server.bind(self._host, self._port)
+        shown = f"[{host}]" if ":" in host else host
+        self.base_url = f"http://{shown}:{port}"
+        self.admin = EmulatorAdmin(self.base_url, self.admin_token)
+        self.core = core
+        stack = contextlib.AsyncExitStack()
+        try:
+            stack.push_async_callback(self._cleanup)
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.push_async_callback(core.shutdown)
+            core.tg = tg
+            tg.start_soon(server.serve)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        if self.core is not None and self.core.tg is not None:
+            self.core.tg.cancel_scope.cancel()
+        await stack.aclose()
+
+    def _prepare_data_dir(self) -> Path:
+        if self._data_dir_arg is None:
+            data_dir = Path(tempfile.mkdtemp(prefix="createos-emulator-"))
+            self._owned_dir = data_dir
+        else:
+            data_dir = self._data_dir_arg.resolve()
+            data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.chmod(0o711)
+        guest = data_dir / "guest"
+        guest.mkdir(exist_ok=True)
+        guest.chmod(0o755)
+        target = guest / "supervisor.py"
+        shutil.copyfile(SUPERVISOR_SOURCE, target)
+        target.chmod(0o644)
+        sandboxes = data_dir / "sandboxes"
+        sandboxes.mkdir(exist_ok=True)
+        sandboxes.chmod(0o711)
+        return data_dir
+
+    async def _cleanup(self) -> None:
+        owned = self._owned_dir
+        if owned is not None:
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(owned, ignore_errors=True))
+            self._owned_dir = None
+
+    def leaked_host_pids(self) -> list[int]:
+        """Host pids still alive in any PID namespace this emulator ever created."""
+        if self.core is None:
+            return []
+        found = scan_host(self.core.namespaces)
+        return sorted(p.host_pid for members in found.values() for p in members)

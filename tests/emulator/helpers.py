@@ -1,0 +1,96 @@
+"""Small HTTP helpers shared by the emulator tests (plain httpx against the real server)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+
+from provider.emulator import Emulator
+
+KEY = "test-key"
+OTHER_KEY = "other-key"
+
+
+@asynccontextmanager
+async def api(emu: Emulator, key: str | None = KEY) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"X-Api-Key": key} if key is not None else {}
+    async with httpx.AsyncClient(
+        base_url=emu.base_url, headers=headers, timeout=30.0, follow_redirects=False
+    ) as client:
+        yield client
+
+
+def data(response: httpx.Response) -> Any:
+    body = response.json()
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+async def create_sandbox(client: httpx.AsyncClient, **fields: Any) -> str:
+    body = {"shape": "s-1vcpu-1gb", **fields}
+    response = await client.post("/v1/sandboxes", json=body)
+    assert response.status_code == 200, response.text
+    return str(data(response)["id"])
+
+
+async def wait_status(client: httpx.AsyncClient, sandbox_id: str, status: str) -> dict[str, Any]:
+    with anyio.fail_after(20):
+        while True:
+            response = await client.get(f"/v1/sandboxes/{sandbox_id}")
+            if response.status_code == 200 and data(response)["status"] == status:
+                return dict(data(response))
+            await anyio.sleep(0.02)
+
+
+async def sh(client: httpx.AsyncClient, sandbox_id: str, script: str) -> dict[str, Any]:
+    """Buffered exec of ``bash -c script``; returns the ``result`` object."""
+    response = await client.post(
+        f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "/bin/bash", "args": ["-c", script]}
+    )
+    assert response.status_code == 200, response.text
+    return dict(data(response)["result"])
+
+
+async def start_process(
+    client: httpx.AsyncClient, sandbox_id: str, script: str, **fields: Any
+) -> dict[str, Any]:
+    response = await client.post(
+        f"/v1/sandboxes/{sandbox_id}/processes",
+        json={"cmd": "/bin/bash", "args": ["-c", script], **fields},
+    )
+    assert response.status_code == 200, response.text
+    return dict(data(response))
+
+
+async def read_frames(
+    client: httpx.AsyncClient, sandbox_id: str, process_id: str, after: int = 0
+) -> list[dict[str, Any]]:
+    """Every frame of one connect, until the server ends the stream."""
+    frames = []
+    path = f"/v1/sandboxes/{sandbox_id}/processes/{process_id}/connect"
+    async with client.stream("GET", path, params={"after": after}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        async for line in response.aiter_lines():
+            if line:
+                frames.append(json.loads(line))
+    return frames
+
+
+def payload(frames: list[dict[str, Any]], stream: str | None = None) -> bytes:
+    return b"".join(
+        base64.b64decode(f["data_base64"])
+        for f in frames
+        if f["type"] == "data" and (stream is None or f["stream"] == stream)
+    )
+
+
+async def guest_pids(client: httpx.AsyncClient, sandbox_id: str) -> set[str]:
+    result = await sh(client, sandbox_id, "ls /proc | grep -E '^[0-9]+$'")
+    return set(result["stdout"].split())
