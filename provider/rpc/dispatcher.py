@@ -21,16 +21,17 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
-from anyio.streams.memory import MemoryObjectSendStream
 
 from provider.errors import InvalidParams, ProviderError
 from provider.rpc import wire
 from provider.rpc.stdio import LineReader
+
+if TYPE_CHECKING:  # imported lazily: keeps start-up fast
+    from anyio.streams.memory import MemoryObjectSendStream
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -372,7 +373,9 @@ class Dispatcher:
                     )
         # Requests dispatched just before the shutdown began get one turn to run (a quick
         # method answers within it); whatever is still running then is cancelled.
-        await anyio.lowlevel.checkpoint()
+        from anyio.lowlevel import checkpoint
+
+        await checkpoint()
         for scope in list(self._active.values()):
             scope.cancel()
         if self._idle is not None:

@@ -18,7 +18,6 @@ from typing import Final
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 
 READ_CHUNK: Final = 256 * 1024
 
@@ -59,7 +58,9 @@ class FdReceiveStream(anyio.abc.ByteReceiveStream):
                     await anyio.wait_readable(self._fd)
                     continue
             else:
-                data = await anyio.to_thread.run_sync(
+                from anyio import to_thread  # lazily: only for terminals and files
+
+                data = await to_thread.run_sync(
                     os.read, self._fd, max_bytes, abandon_on_cancel=True
                 )
             if not data:
@@ -97,7 +98,9 @@ class FdSendStream(anyio.abc.ByteSendStream):
                         await anyio.wait_writable(self._fd)
                         continue
                 else:
-                    written = await anyio.to_thread.run_sync(os.write, self._fd, view)
+                    from anyio import to_thread
+
+                    written = await to_thread.run_sync(os.write, self._fd, view)
                 view = view[written:]
         except OSError as exc:  # EPIPE and friends: the reader is gone
             raise anyio.BrokenResourceError from exc

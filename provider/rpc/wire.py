@@ -8,7 +8,6 @@ Incoming lines are decoded with msgspec, then classified by *shape*, never by id
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -66,8 +65,7 @@ def encode_line(message: Any) -> bytes:
 # --- incoming messages -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(msgspec.Struct, frozen=True):
     """A request from the host (it has an id and expects one response)."""
 
     id: RequestId
@@ -77,16 +75,14 @@ class Request:
     invocation_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Notification:
+class Notification(msgspec.Struct, frozen=True):
     """A notification from the host (no id, no response)."""
 
     method: str
     params: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(msgspec.Struct, frozen=True):
     """A response to one of our own requests (``error`` is the error object, if any)."""
 
     id: RequestId
@@ -94,8 +90,7 @@ class Response:
     error: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
-class Invalid:
+class Invalid(msgspec.Struct, frozen=True):
     """A line that is not a usable message; ``code`` says which JSON-RPC error to answer."""
 
     code: int
