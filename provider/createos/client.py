@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 from urllib.parse import quote
 
 import anyio
 import httpx
-import msgspec
 
+from provider.createos.envelope import list_page, unwrap_success
 from provider.createos.errors import (
     APIConnectionError,
     APIProtocolError,
@@ -48,8 +48,9 @@ from provider.createos.models import (
 )
 from provider.createos.pacer import RequestPacer, pacer_for
 from provider.createos.retry import backoff_delay, parse_retry_after
+from provider.createos.upload import UPLOAD_CHUNK, UploadBody
 
-__all__ = ["CreateOSClient"]
+__all__ = ["UPLOAD_CHUNK", "CreateOSClient"]
 
 try:
     _VERSION = importlib.metadata.version("paperclip-plugin-createos")
@@ -63,14 +64,12 @@ STREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=30.0, write=30.0, pool=
 FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
 MAX_RETRY_AFTER: Final = 60.0
 """A Retry-After longer than this is not waited for: the error is raised with the hint."""
-UPLOAD_CHUNK: Final = 256 * 1024
 LIST_PAGE: Final = 100
 _MAX_PAGES: Final = 10_000
 
 _IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
 _POST_RETRY: Final = frozenset({429})
 _PATH_SAFE: Final = "!~*'()"  # encodeURIComponent leaves these (and A-Z a-z 0-9 - _ .) alone
-_json = msgspec.json.Decoder()
 
 
 async def _sleep(seconds: float) -> None:
@@ -101,31 +100,6 @@ def _error_for(response: httpx.Response, operation: str) -> CreateOSError:
     raise AssertionError("not an error status")  # pragma: no cover
 
 
-def _unwrap(response: httpx.Response, operation: str) -> Any:
-    """The ``data`` of a JSend success envelope (None for an empty 204/205)."""
-    status = response.status_code
-    body = response.content
-    if not body.strip():
-        if status in (204, 205):
-            return None
-        raise APIProtocolError(f"CreateOS {operation} answered HTTP {status} with an empty body.")
-    try:
-        envelope = _json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise APIProtocolError(
-            f"CreateOS {operation} answered HTTP {status} with a body that is not JSON."
-        ) from exc
-    if (
-        not isinstance(envelope, dict)
-        or envelope.get("status") != "success"
-        or "data" not in envelope
-    ):
-        raise APIProtocolError(
-            f"CreateOS {operation} answered HTTP {status} without a JSend success envelope."
-        )
-    return envelope["data"]
-
-
 def _file_url(sandbox_id: str, path: str) -> str:
     if not isinstance(path, str) or not path:
         raise ValueError("a sandbox file path must be a non-empty string")
@@ -152,53 +126,6 @@ class _Body:
         close = getattr(self._chunks, "aclose", None)
         if close is not None:
             await close()
-
-
-class _Upload:
-    """One attempt's request body for ``put_file``: chunks of bytes or of a file on disk.
-
-    A file is opened when httpx starts iterating and closed by :meth:`aclose` (or at the end),
-    so no whole-file read ever happens and a cancelled upload does not keep it open.
-    """
-
-    def __init__(
-        self,
-        source: bytes | Path,
-        size: int,
-        on_progress: Callable[[int], None] | None,
-    ) -> None:
-        self._source = source
-        self._size = size
-        self._on_progress = on_progress
-        self._handle: BinaryIO | None = None
-        self._view = memoryview(b"" if isinstance(source, Path) else source)
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        sent = 0
-        if isinstance(self._source, Path):
-            self._handle = await anyio.to_thread.run_sync(self._source.open, "rb")
-        try:
-            while sent < self._size:
-                want = min(UPLOAD_CHUNK, self._size - sent)
-                if self._handle is not None:
-                    chunk = await anyio.to_thread.run_sync(self._handle.read, want)
-                else:
-                    chunk = bytes(self._view[sent : sent + want])
-                if not chunk:
-                    raise CreateOSError(
-                        "CreateOS upload file failed: the local file shrank during the upload."
-                    )
-                sent += len(chunk)
-                if self._on_progress is not None:
-                    self._on_progress(sent)
-                yield chunk
-        finally:
-            self.aclose()
-
-    def aclose(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
 
 
 class CreateOSClient:
@@ -257,7 +184,7 @@ class CreateOSClient:
         retry_transport: bool,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
-        upload: Callable[[], _Upload] | None = None,
+        upload: Callable[[], UploadBody] | None = None,
         headers: Mapping[str, str] | None = None,
         limits: httpx.Timeout = DEFAULT_TIMEOUT,
     ) -> httpx.Response:
@@ -290,7 +217,7 @@ class CreateOSClient:
                 retry_after = error.retry_after if isinstance(error, APIStatusError) else None
             finally:
                 if body is not None:
-                    body.aclose()
+                    body.close()
             if retryable and attempt < self._max_retries:
                 delay = backoff_delay(
                     attempt, self._backoff_base, retry_after, jitter=random.uniform
@@ -322,7 +249,7 @@ class CreateOSClient:
             params=params,
             json=json,
         )
-        return _unwrap(response, operation)
+        return unwrap_success(response.status_code, response.content, operation)
 
     @asynccontextmanager
     async def _stream(
@@ -393,7 +320,7 @@ class CreateOSClient:
             if status is not None:
                 params["status"] = status
             data = await self._json_call("GET", "/sandboxes", operation=operation, params=params)
-            items, total = _list_page(data, operation)
+            items, total = list_page(data, operation)
             views.extend(sandbox_view(item, operation) for item in items)
             offset += len(items)
             if total is None or not items or offset >= total:
@@ -532,7 +459,7 @@ class CreateOSClient:
             operation=operation,
             retry_on=_IDEMPOTENT_RETRY,
             retry_transport=True,
-            upload=lambda: _Upload(source, size, on_progress),
+            upload=lambda: UploadBody(source, size, on_progress),
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             limits=FILE_TIMEOUT,
         )
@@ -553,25 +480,3 @@ class CreateOSClient:
 def _fits_deadline(delay: float) -> bool:
     """False when sleeping ``delay`` seconds would pass the caller's anyio deadline."""
     return anyio.current_time() + delay < anyio.current_effective_deadline()
-
-
-def _list_page(data: Any, operation: str) -> tuple[list[Any], int | None]:
-    """A list page's items and total (None when the server sent no pagination: one page).
-
-    Standard: ``{"data": [...], "pagination": {"total": n}}``; older servers send a bare
-    array or a single named list such as ``{"sandboxes": [...]}``.
-    """
-    if isinstance(data, list):
-        return data, None
-    if isinstance(data, dict):
-        items = data.get("data")
-        if isinstance(items, list):
-            pagination = data.get("pagination")
-            total = pagination.get("total") if isinstance(pagination, dict) else None
-            if isinstance(total, bool) or not isinstance(total, int):
-                total = None
-            return items, total
-        lists = [value for value in data.values() if isinstance(value, list)]
-        if len(lists) == 1:
-            return lists[0], None
-    raise APIProtocolError(f"CreateOS {operation} answered with an unexpected list shape.")

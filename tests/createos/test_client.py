@@ -24,6 +24,7 @@ from provider.createos.errors import (
     APITimeout,
     AuthError,
     Conflict,
+    CreateOSError,
     InvalidIdentifier,
     NotFound,
     OutputEvicted,
@@ -722,3 +723,22 @@ async def test_process_view_with_a_boolean_pid_is_a_protocol_error(
 
     with pytest.raises(APIProtocolError):
         await client.get_process(SB, PROC)
+
+
+async def test_put_file_fails_cleanly_when_the_source_shrinks_mid_upload(
+    httpserver: HTTPServer, client: CreateOSClient, tmp_path: Path, delays: list[float]
+) -> None:
+    source = tmp_path / "data"
+    source.write_bytes(b"x" * (3 * UPLOAD_CHUNK))
+    httpserver.expect_request(f"/v1/sandboxes/{SB}/files", method="PUT").respond_with_response(
+        ok({})
+    )
+
+    def shrink(sent: int) -> None:
+        with source.open("r+b") as handle:
+            handle.truncate(sent)
+
+    with pytest.raises(CreateOSError, match="shrank"):
+        await client.put_file(SB, "/tmp/data", source, on_progress=shrink)
+
+    assert delays == []
