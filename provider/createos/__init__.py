@@ -1,0 +1,7 @@
+"""The CreateOS Sandbox HTTP API: client, request pacing and the output-stream reader.
+
+Knows the HTTP API only (nothing of JSON-RPC or Paperclip leases). Modules: ``client``
+(CreateOSClient, the one httpx boundary), ``pacer`` (request-start spacing per origin),
+``stream`` (follow_process_output), ``models`` (payload types, id rules), ``errors``,
+``envelope`` (JSend), ``retry`` (backoff, Retry-After), ``upload`` (file upload bodies).
+"""

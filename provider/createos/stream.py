@@ -238,6 +238,9 @@ async def follow_process_output(
     transport error while reading, EOF without ``exit``. More than ``max_reconnects`` raises
     :class:`ReconnectBudgetExhausted`. A 410 raises :class:`OutputEvicted`; other 4xx statuses
     and every protocol error are raised as they are.
+
+    The open connection belongs to the generator: consumers that may stop early should wrap it
+    in ``contextlib.aclosing`` so the stream closes at once rather than at garbage collection.
     """
     parser = FrameParser()
     reconnects = 0
