@@ -25,6 +25,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 import anyio
+import anyio.lowlevel
 import httpx
 
 from provider.createos.envelope import list_page, unwrap_success
@@ -219,6 +220,7 @@ class CreateOSClient:
                 if body is not None:
                     body.close()
             if retryable and attempt < self._max_retries:
+                await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
                 delay = backoff_delay(
                     attempt, self._backoff_base, retry_after, jitter=random.uniform
                 )

@@ -742,3 +742,23 @@ async def test_put_file_fails_cleanly_when_the_source_shrinks_mid_upload(
         await client.put_file(SB, "/tmp/data", source, on_progress=shrink)
 
     assert delays == []
+
+
+async def test_a_pending_cancellation_wins_over_a_retryable_error(delays: list[float]) -> None:
+    with anyio.CancelScope() as scope:
+
+        async def cancel_then_answer(request: httpx.Request) -> httpx.Response:
+            scope.cancel()
+            return httpx.Response(503, json={"status": "error", "message": "x", "code": 503})
+
+        origin = "http://127.0.0.1:9"
+        async with CreateOSClient(
+            origin,
+            API_KEY,
+            pacer=CountingPacer(origin),
+            transport=httpx.MockTransport(cancel_then_answer),
+        ) as api:
+            await api.get_sandbox(SB)
+
+    assert scope.cancelled_caught
+    assert delays == []
