@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from provider.createos.client import CreateOSClient
@@ -275,6 +276,7 @@ async def follow_process_output(
                         yield frame
                         if isinstance(frame, ExitFrame):
                             return
+        await anyio.lowlevel.checkpoint_if_cancelled()  # a pending cancel wins over a reconnect
         reconnects += 1
         if reconnects > max_reconnects:
             why = "the connection kept failing" if failure else "it kept ending before the exit"
