@@ -7,7 +7,8 @@
 // Commands (one JSON object per line on stdin), each answered by one line on stdout:
 //   {"id":1,"op":"start","pluginId":"p","packageRoot":"/abs/checkout"}   (default: this repo)
 //       optional: "manifestPath" (a manifest module instead of package.json's), "entrypointPath"
-//       (spawn this instead of the manifest's worker), "env", "autoRestart", "config"
+//       (spawn this instead of the manifest's worker), "env", "autoRestart", "config",
+//       "firstCall": {"method","params"} (call it at once; the answer reports firstCallMs)
 //   {"id":2,"op":"call","pluginId":"p","method":"health","params":{},"timeoutMs":30000}
 //   {"id":3,"op":"notify","pluginId":"p","method":"...","params":{}}
 //   {"id":4,"op":"stop","pluginId":"p"}
@@ -166,6 +167,12 @@ async function opStart(cmd) {
     autoRestart: cmd.autoRestart ?? true,
   });
   const startMs = performance.now() - started;
+  // Optional: time to the first answered call (what a caller waiting on the worker sees).
+  let firstCallMs = null;
+  if (cmd.firstCall) {
+    await manager.call(pluginId, cmd.firstCall.method, cmd.firstCall.params ?? {}, cmd.firstCall.timeoutMs);
+    firstCallMs = performance.now() - started;
+  }
   if (!handles.has(pluginId)) {
     // The pid reported with exit/crash is the process that ended; with ready, the new one.
     for (const type of ["exit", "crash", "ready"]) {
@@ -185,6 +192,7 @@ async function opStart(cmd) {
     pid: handle.diagnostics().pid,
     supportedMethods: handle.supportedMethods,
     startMs,
+    firstCallMs,
   };
 }
 

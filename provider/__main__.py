@@ -1,7 +1,7 @@
 """``python -m provider``: the Paperclip worker, serving JSON-RPC on stdio.
 
-Start-up order matters: die with the shim first, then move the protocol stream off fd 1, then
-import the rest (heavy modules stay lazy so ``initialize`` is answered fast).
+Start-up order matters: die with the shim first, then move the protocol stream off fd 1, answer
+``initialize``, and only then import the async machinery (see ``provider.rpc.handshake``).
 """
 
 from __future__ import annotations
@@ -31,15 +31,9 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m provider   (serves the Paperclip host on stdio)\n")
         return 2
     die_with_parent()
-    from provider.rpc.stdio import guard_stdout
+    from provider.app import run_stdio
 
-    protocol_fd = guard_stdout()
-
-    import anyio
-
-    from provider.app import serve_stdio
-
-    anyio.run(serve_stdio, protocol_fd)
+    run_stdio()
     return 0
 
 

@@ -1,52 +1,79 @@
-"""Composition root: wires the driver's method table into a dispatcher and serves it on stdio."""
+"""Composition root: the driver's method table, the stdio handshake and the dispatcher.
+
+Nothing heavy is imported at module level: ``run_stdio`` answers ``initialize`` with the
+standard library first (:mod:`provider.rpc.handshake`), then imports anyio and the dispatcher.
+"""
 
 from __future__ import annotations
 
-import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.abc
+from provider.rpc.handshake import (
+    answer_initialize,
+    exit_on_stop_signals,
+    guard_stdout,
+    initialize_request_id,
+    read_first_line,
+    supported_methods,
+)
 
-from provider.driver import methods
-from provider.rpc.dispatcher import Dispatcher
-from provider.rpc.stdio import FdReceiveStream, FdSendStream
+if TYPE_CHECKING:
+    from provider.driver.methods import MethodHandler
+    from provider.rpc.dispatcher import Dispatcher
 
 
-def build_dispatcher() -> Dispatcher:
+class _HostChannel:
+    """notify/log for the driver, bound to the dispatcher once it exists."""
+
+    def __init__(self) -> None:
+        self.dispatcher: Dispatcher | None = None
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        assert self.dispatcher is not None, "the dispatcher is not running yet"
+        await self.dispatcher.notify(method, params)
+
+    async def log(self, level: str, message: str, meta: dict[str, Any] | None = None) -> None:
+        assert self.dispatcher is not None, "the dispatcher is not running yet"
+        await self.dispatcher.log(level, message, meta)
+
+
+def _driver_table() -> tuple[dict[str, MethodHandler], _HostChannel]:
+    from provider.driver import methods
+
+    channel = _HostChannel()
+    return methods.method_table(channel.notify, channel.log), channel
+
+
+def build_dispatcher(*, initialized: bool = False) -> Dispatcher:
     """The dispatcher serving every registered driver method, with the driver's shutdown hook."""
-    dispatcher: Dispatcher | None = None
+    from provider.driver import methods
+    from provider.rpc.dispatcher import Dispatcher
 
-    async def notify(method: str, params: dict[str, Any]) -> None:
-        assert dispatcher is not None
-        await dispatcher.notify(method, params)
-
-    async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
-        assert dispatcher is not None
-        await dispatcher.log(level, message, meta)
-
-    dispatcher = Dispatcher(methods.method_table(notify, log), on_shutdown=methods.shutdown)
+    table, channel = _driver_table()
+    dispatcher = Dispatcher(table, on_shutdown=methods.shutdown, initialized=initialized)
+    channel.dispatcher = dispatcher
     return dispatcher
 
 
-async def _stop_on_signal(dispatcher: Dispatcher) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for _ in signals:
-            await dispatcher.stop()
-            return
+def run_stdio() -> None:
+    """The worker process: guard fd 1, answer ``initialize``, then serve until told to stop."""
+    exit_on_stop_signals()
+    protocol_fd = guard_stdout()
+    table, channel = _driver_table()
+    line, rest = read_first_line(0)
+    request_id = initialize_request_id(line)
+    if request_id is not None:
+        answer_initialize(protocol_fd, request_id, supported_methods(table))
+        already_read = rest
+    else:  # not an initialize: the dispatcher answers it (or reads the end of input)
+        already_read = line + b"\n" + rest if line or rest else b""
 
+    import anyio
 
-async def serve_stdio(protocol_fd: int, dispatcher: Dispatcher | None = None) -> None:
-    """Serve the host on stdin / ``protocol_fd`` until shutdown, end of input or a signal."""
-    if dispatcher is None:
-        dispatcher = build_dispatcher()
-    receive = FdReceiveStream(0)
-    send = FdSendStream(protocol_fd)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, dispatcher)
-        try:
-            await dispatcher.serve(receive, send)
-        finally:
-            tg.cancel_scope.cancel()
-            await receive.aclose()
-            await send.aclose()
+    from provider.driver import methods
+    from provider.rpc.dispatcher import Dispatcher
+    from provider.rpc.runner import serve_stdio
+
+    dispatcher = Dispatcher(table, on_shutdown=methods.shutdown, initialized=request_id is not None)
+    channel.dispatcher = dispatcher
+    anyio.run(serve_stdio, protocol_fd, dispatcher, already_read)

@@ -134,6 +134,7 @@ class WorkerInfo:
     pid: int | None
     supported_methods: list[str]
     start_ms: float
+    first_call_ms: float | None = None  # startWorker -> first_call answered, when asked for
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,7 @@ class HostPeer:
         manifest_path: Path | None = None,
         env: Mapping[str, str] | None = None,
         auto_restart: bool = True,
+        first_call: tuple[str, Mapping[str, Any]] | None = None,
     ) -> WorkerInfo:
         """``startWorker`` through the manager: spawn the shim, ``initialize``, wait for ready."""
         payload: dict[str, Any] = {
@@ -331,6 +333,8 @@ class HostPeer:
             payload["manifestPath"] = str(manifest_path)
         if env is not None:
             payload["env"] = dict(env)
+        if first_call is not None:
+            payload["firstCall"] = {"method": first_call[0], "params": dict(first_call[1])}
         result = await self.command("start", payload, timeout_s=60)
         info = WorkerInfo(
             plugin_id=result["pluginId"],
@@ -339,6 +343,9 @@ class HostPeer:
             pid=result.get("pid"),
             supported_methods=list(result["supportedMethods"]),
             start_ms=float(result["startMs"]),
+            first_call_ms=(
+                float(result["firstCallMs"]) if result.get("firstCallMs") is not None else None
+            ),
         )
         self._shim_pids[info.plugin_id] = info.pid
         return info

@@ -28,6 +28,7 @@ import anyio.abc
 
 from provider.errors import InvalidParams, ProviderError
 from provider.rpc import wire
+from provider.rpc.handshake import ENVIRONMENT_METHOD_ORDER, supported_methods
 from provider.rpc.stdio import LineReader
 
 if TYPE_CHECKING:  # imported lazily: keeps start-up fast
@@ -36,20 +37,6 @@ if TYPE_CHECKING:  # imported lazily: keeps start-up fast
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
 BUILTIN_METHODS: Final = ("initialize", "health", "shutdown", "configChanged")
-
-# The order in which environment verbs are listed in ``supportedMethods``.
-ENVIRONMENT_METHOD_ORDER: Final = (
-    "environmentValidateConfig",
-    "environmentProbe",
-    "environmentAcquireLease",
-    "environmentResumeLease",
-    "environmentReleaseLease",
-    "environmentDestroyLease",
-    "environmentRealizeWorkspace",
-    "environmentExecute",
-    "environmentSyncIn",
-    "environmentSyncOut",
-)
 
 # Host -> worker methods the SDK knows as optional hooks: answered -32004 when we do not serve
 # them (what an SDK worker does), anything else unknown gets -32601.
@@ -149,18 +136,16 @@ class Dispatcher:
         methods: Mapping[str, Handler],
         *,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
+        initialized: bool = False,
     ) -> None:
+        """``initialized=True`` when ``initialize`` was already answered (see ``handshake``)."""
         clashes = sorted(set(methods) & set(BUILTIN_METHODS))
         if clashes:
             raise ValueError(f"built-in methods cannot be replaced: {clashes}")
         self._methods = dict(methods)
         self._on_shutdown = on_shutdown
-        env = [name for name in self._methods if name.startswith("environment")]
-        ordered = [name for name in ENVIRONMENT_METHOD_ORDER if name in env]
-        self.supported_methods: tuple[str, ...] = tuple(
-            ordered + [name for name in env if name not in ordered]
-        )
-        self._initialized = False
+        self.supported_methods: tuple[str, ...] = supported_methods(self._methods)
+        self._initialized = initialized
         self._stopping = False
         self._writer: _Writer | None = None
         self._task_group: anyio.abc.TaskGroup | None = None

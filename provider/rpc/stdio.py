@@ -1,8 +1,7 @@
-"""Byte streams over the process's stdio, line framing, and the fd 1 guard.
+"""Byte streams over the process's stdio and line framing.
 
-``guard_stdout()`` runs first thing: it keeps a private duplicate of fd 1 for protocol lines and
-points fd 1 (and ``sys.stdout``) at stderr, so a stray ``print``, a C library or a child process
-can never write into the protocol stream.
+``guard_stdout()`` (from :mod:`provider.rpc.handshake`) runs first thing: it keeps a private
+duplicate of fd 1 for protocol lines and points fd 1 (and ``sys.stdout``) at stderr.
 
 Pipes and sockets are read and written without blocking (``anyio.wait_readable`` /
 ``wait_writable``); anything else (a terminal, ``/dev/null``, a regular file) goes through a
@@ -13,22 +12,16 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from typing import Final
 
 import anyio
 import anyio.abc
 
+from provider.rpc.handshake import guard_stdout
+
+__all__ = ["FdReceiveStream", "FdSendStream", "LineReader", "PrefixedReceiveStream", "guard_stdout"]
+
 READ_CHUNK: Final = 256 * 1024
-
-
-def guard_stdout() -> int:
-    """Move the protocol stream off fd 1; returns the private fd that now carries it."""
-    sys.stdout.flush()
-    protocol_fd = os.dup(1)  # not inheritable: children never see the protocol stream
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return protocol_fd
 
 
 def _is_pollable(fd: int) -> bool:
@@ -72,6 +65,23 @@ class FdReceiveStream(anyio.abc.ByteReceiveStream):
             self._closed = True
             if self._pollable and self._was_blocking:
                 os.set_blocking(self._fd, True)
+
+
+class PrefixedReceiveStream(anyio.abc.ByteReceiveStream):
+    """Yields ``prefix`` (bytes already read by the handshake) before reading ``inner``."""
+
+    def __init__(self, prefix: bytes, inner: anyio.abc.ByteReceiveStream) -> None:
+        self._prefix = prefix
+        self._inner = inner
+
+    async def receive(self, max_bytes: int = READ_CHUNK) -> bytes:
+        if self._prefix:
+            data, self._prefix = self._prefix, b""
+            return data
+        return await self._inner.receive(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class FdSendStream(anyio.abc.ByteSendStream):

@@ -9,8 +9,8 @@ from typing import Any
 
 import anyio
 
-from provider.app import serve_stdio
 from provider.rpc.dispatcher import Dispatcher
+from provider.rpc.runner import serve_stdio
 from provider.rpc.stdio import guard_stdout
 
 

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from provider.app import build_dispatcher
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 20.0  # generous: these tests assert that things happen, not how fast
 
@@ -160,3 +162,45 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def _exchange(*messages: bytes) -> list[dict[str, Any]]:
+    proc = _spawn("-m", "provider")
+    out, err = proc.communicate(b"".join(messages), timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_initialize_then_more_requests_in_one_write_are_all_answered_in_order() -> None:
+    health = _line({"jsonrpc": "2.0", "id": 2, "method": "health", "params": {}})
+    again = _line({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {}})
+    replies = _exchange(INITIALIZE + health + again)
+    assert [r["id"] for r in replies] == [1, 2, 3]
+    assert replies[0]["result"]["supportedMethods"] == list(build_dispatcher().supported_methods)
+    assert replies[1]["result"] == {"status": "ok"}
+    assert "already initialized" in replies[2]["error"]["message"]
+
+
+def test_a_first_line_other_than_initialize_is_left_to_the_dispatcher() -> None:
+    health = _line({"jsonrpc": "2.0", "id": 1, "method": "health", "params": {}})
+    init = _line({"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": {}})
+    replies = _exchange(health, init)
+    assert replies[0]["id"] == 1
+    assert "not been initialized" in replies[0]["error"]["message"]
+    assert replies[1]["result"]["ok"] is True
+
+
+def test_a_malformed_first_line_gets_a_parse_error_and_initialize_still_works() -> None:
+    replies = _exchange(b"{oops\n", INITIALIZE)
+    assert replies[0] == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32700, "message": "Parse error: line is not valid JSON"},
+    }
+    assert replies[1]["result"]["ok"] is True
+
+
+def test_initialize_without_object_params_is_refused_by_the_dispatcher() -> None:
+    replies = _exchange(_line({"jsonrpc": "2.0", "id": 1, "method": "initialize"}), INITIALIZE)
+    assert replies[0]["error"]["code"] == -32602
+    assert replies[1]["result"]["ok"] is True

@@ -1,0 +1,58 @@
+# Developer and CI entry points. `make check` sets everything up and runs the whole suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export DEBIAN_FRONTEND := noninteractive
+
+.PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo bench
+
+## setup: venv + editable install with dev extras, bubblewrap (for the emulator), real-host peer
+setup: python-deps bubblewrap peer
+
+venv: $(PY)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+
+python-deps: $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+
+bubblewrap:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && apt-get install -y -qq bubblewrap; \
+	else \
+	  echo "bubblewrap (bwrap) is missing: install it (the emulator runs sandboxes with it)" >&2; \
+	  exit 1; \
+	fi
+
+peer:
+	bash host/install-peer.sh >/dev/null
+
+## test: lint, format check, strict types, then every test (pytest exit 5 = no tests = failure)
+test: lint typecheck pytest
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck:
+	$(VENV)/bin/mypy --strict
+
+pytest:
+	$(VENV)/bin/pytest
+
+## check: what CI runs (.ci/run) and the README's test command
+check: setup
+	$(MAKE) test
+
+## demo: start the worker under the real Paperclip worker manager and talk to it
+demo: setup
+	$(PY) -m provider.devtools.demo_host
+
+## bench: cold-start figures through the real worker manager
+bench: setup
+	$(PY) bench/cold_start.py

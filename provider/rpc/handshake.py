@@ -1,0 +1,110 @@
+"""Start-up before the async machinery: the fd 1 guard and a standard-library ``initialize``.
+
+The worker answers the host's first ``initialize`` here, with the standard library only, and
+imports anyio/asyncio/msgspec afterwards: the host's ``startWorker`` resolves as soon as we can
+name our methods, and the imports overlap with the host's own work. Requests that arrive
+meanwhile wait in the pipe and are served once the dispatcher runs. Anything other than a
+well-formed ``initialize`` as the first line is left untouched for the dispatcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterable
+from typing import Any, Final
+
+# The order in which environment verbs are listed in ``supportedMethods``.
+ENVIRONMENT_METHOD_ORDER: Final = (
+    "environmentValidateConfig",
+    "environmentProbe",
+    "environmentAcquireLease",
+    "environmentResumeLease",
+    "environmentReleaseLease",
+    "environmentDestroyLease",
+    "environmentRealizeWorkspace",
+    "environmentExecute",
+    "environmentSyncIn",
+    "environmentSyncOut",
+)
+
+
+def supported_methods(names: Iterable[str]) -> tuple[str, ...]:
+    """The ``environment*`` names, canonical verbs first in spec order, others after."""
+    env = [name for name in names if name.startswith("environment")]
+    ordered = [name for name in ENVIRONMENT_METHOD_ORDER if name in env]
+    return tuple(ordered + [name for name in env if name not in ordered])
+
+
+def guard_stdout() -> int:
+    """Move the protocol stream off fd 1; returns the private fd that now carries it.
+
+    fd 1 and ``sys.stdout`` then point at stderr, so a stray ``print``, a C library or a child
+    process can never write into the protocol stream. The private fd is not inheritable.
+    """
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return protocol_fd
+
+
+def exit_on_stop_signals() -> None:
+    """Until the dispatcher installs its own handlers, a stop signal ends us at once.
+
+    Nothing is running yet, so there is nothing to clean up; exit 0 like a served shutdown.
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: os._exit(0))
+
+
+def read_first_line(fd: int) -> tuple[bytes, bytes]:
+    """Block until the first LF (or end of input); returns (line, bytes read after it)."""
+    buffer = bytearray()
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return bytes(buffer), b""
+        start = len(buffer)
+        buffer += chunk
+        index = buffer.find(b"\n", start)
+        if index >= 0:
+            return bytes(buffer[:index]), bytes(buffer[index + 1 :])
+
+
+def initialize_request_id(line: bytes) -> int | str | None:
+    """The id of ``line`` when it is a well-formed ``initialize`` request, else ``None``."""
+    try:
+        message: Any = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return None
+    request_id = message.get("id")
+    valid_id = isinstance(request_id, str) or (
+        isinstance(request_id, int) and not isinstance(request_id, bool)
+    )
+    if message.get("method") != "initialize" or not valid_id:
+        return None
+    if not isinstance(message.get("params"), dict):
+        return None
+    return request_id if isinstance(request_id, int | str) else None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def answer_initialize(protocol_fd: int, request_id: int | str, methods: tuple[str, ...]) -> None:
+    """Write the ``initialize`` success reply (ASCII JSON, one line)."""
+    reply = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "result": {"ok": True, "supportedMethods": list(methods)},
+    }
+    line = json.dumps(reply, ensure_ascii=True, separators=(",", ":")) + "\n"
+    write_all(protocol_fd, line.encode("ascii"))
