@@ -1,1 +1,1 @@
-"""Paperclip sandbox-provider plugin for CreateOS: the worker, its CreateOS client and the local emulator."""
+"""Paperclip sandbox-provider plugin for CreateOS: the worker, its HTTP client and an emulator."""
