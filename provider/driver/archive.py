@@ -374,7 +374,7 @@ def extract_archive(archive: Path, target_dir: Path, *, mode: int | None) -> int
                 f"extracting into {target_dir} stopped: an entry would land outside it "
                 "or through a link leaving it"
             ) from exc
-        except (OSError, tarfile.TarError) as exc:
+        except Exception as exc:  # OSError, TarError, and tarfile's own odd failures
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else "tar error"
             raise TransferError(f"extracting into {target_dir} failed: {detail}") from exc
         return checked.regular

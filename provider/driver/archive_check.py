@@ -8,12 +8,14 @@ Rules, any failure refusing the whole archive with one generic message:
   one extended header read is at most 16 MiB; at most ``max_members`` members;
 - names (``./`` prefixes and ``.``/empty segments dropped): not absolute, no ``..`` segment, no
   backslash, no NUL; the root itself only as a directory; no duplicates except directories;
+  the checked members carry these canonical names, so extraction writes exactly what was checked;
 - types: regular (old style included), directory, symlink, hard link; devices, FIFOs,
   contiguous, sparse (GNU or PAX) and anything else refused;
 - no member lies below a member that is not a directory (nothing is written through a link);
 - symlink targets: non-empty, relative, no backslash or NUL; resolved from the member's directory
   through the archive's own symlinks (as the kernel would after extraction), never above the
-  root; a hard link names an earlier regular member, resolved from the root.
+  root; a hard link names an earlier regular member, from the root and without ``..`` (stricter
+  than "stays inside": GNU tar never writes anything else).
 
 Extraction then runs with tarfile's ``data`` filter as a second line of defence (it also guards
 against links that already exist in the target directory).
@@ -156,7 +158,10 @@ def _check_member(
         target = _segments(member.linkname)
         if target is None or kinds.get(target) != "file":
             raise ArchiveRefused("a hard link does not name an earlier regular member")
+        member.linkname = "/".join(target)
     kinds[key] = kind
+    # Extraction uses these checked, canonical names (never "a/./b", "a//b" or "x/.").
+    member.name = "/".join(key) if key else "."
 
 
 def _check_tree(kinds: dict[_Key, str], symlinks: dict[_Key, str]) -> None:
