@@ -1,0 +1,247 @@
+"""Lease lifecycle: acquire, resume, release, destroy, realize (provider-behavior.md 2.3-2.6).
+
+A lease is one CreateOS sandbox. Acquire creates it with a unique name token, waits for
+``running``, prepares the workspace and writes a random marker; resume proves the sandbox is
+still ours by reading that marker back; release pauses (reuse) or deletes it; destroy always
+deletes. Every refusal happens before the first HTTP request.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.createos.errors import APIStatusError, NotFound, RateLimited
+from provider.driver.params import AcquireParams, LeaseIdParams, LeaseParams
+from provider.driver.runtime import (
+    PROVIDER_NAME,
+    ROOT,
+    BoundCall,
+    DriverRuntime,
+    bind_call,
+    deadline,
+    owned_scope,
+)
+from provider.driver.sandbox_ops import delete_sandbox_confirmed, read_status, transition
+from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
+
+MARKER_PATH = f"{ROOT}/.paperclip-runtime/.paperclip-createos-lease"
+MARKER_RE = re.compile(r"^[0-9a-f-]{36}$")
+RESUME_DEADLINE_CAP = 55.0
+CLEANUP_DEADLINE_CAP = 60.0
+GONE: dict[str, Any] = {"providerLeaseId": None, "metadata": {"expired": True}}
+
+
+# -- acquire -------------------------------------------------------------------------------
+
+
+async def acquire(runtime: DriverRuntime, params: AcquireParams) -> dict[str, Any]:
+    if params.requestedExpiresAt:
+        raise RequestRefused(
+            "CreateOS cannot bound a lease's lifetime (it has no hard expiry), so a lease with "
+            "requestedExpiresAt cannot be honoured."
+        )
+    call = bind_call(runtime, params)
+    async with runtime.client_factory(call.config, call.api_key) as client:
+        with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
+            sandbox_id, marker = await provision_sandbox(client, call)
+    return {
+        "providerLeaseId": sandbox_id,
+        "metadata": lease_metadata(call, marker),
+        "expiresAt": None,
+    }
+
+
+def lease_metadata(call: BoundCall, marker: str) -> dict[str, Any]:
+    config = call.config
+    return {
+        "provider": PROVIDER_NAME,
+        "apiUrl": config.api_url,
+        "companyId": call.company_id,
+        "environmentId": call.environment_id,
+        "remoteCwd": ROOT,
+        "shellCommand": "bash",
+        "marker": marker,
+        "shape": config.shape,
+        "rootfs": config.rootfs,
+        "region": config.region,
+        "reuseLease": config.reuse_lease,
+    }
+
+
+async def provision_sandbox(client: CreateOSClient, call: BoundCall) -> tuple[str, str]:
+    """Create a sandbox, bring it to ``running`` and prepare the workspace and marker.
+
+    Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
+    (under a fresh, shielded deadline) before the error propagates.
+    """
+    sandbox_id = await create_sandbox(client, call)
+    try:
+        await transition(client, sandbox_id, "running")
+        prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", f"mkdir -p -- '{ROOT}'"])
+        if prepared.exit_code != 0:
+            raise ProviderError(
+                f"Could not prepare {ROOT} in the sandbox (exit code {prepared.exit_code}); the "
+                "image must provide bash and coreutils."
+            )
+        marker = str(uuid.uuid4())
+        await client.put_file(sandbox_id, MARKER_PATH, marker.encode("ascii"))
+    except BaseException as exc:
+        await _delete_after_failure(client, sandbox_id, call, exc)
+        raise
+    return sandbox_id, marker
+
+
+async def create_sandbox(client: CreateOSClient, call: BoundCall) -> str:
+    """POST the sandbox; when the outcome is unknown, find it by its name token and delete it."""
+    token = f"pc-{uuid.uuid4()}"
+    config = call.config
+    try:
+        return await client.create_sandbox(
+            shape=config.shape, name=token, rootfs=config.rootfs, region=config.region
+        )
+    except APIStatusError as exc:
+        if isinstance(exc, RateLimited) or exc.status < 500:
+            raise  # a definite rejection: nothing was created
+        await _reap_by_name(client, token, call, exc)
+        raise
+    except BaseException as exc:
+        # Transport failure, malformed answer, deadline or cancellation mid-call: unknown outcome.
+        await _reap_by_name(client, token, call, exc)
+        raise
+
+
+async def _reap_by_name(
+    client: CreateOSClient, token: str, call: BoundCall, cause: BaseException
+) -> None:
+    """After a create with an unknown outcome: delete any sandbox carrying our name token.
+
+    Returns quietly when nothing is left behind (the original error then propagates); raises
+    :class:`CleanupUnconfirmed` when that cannot be confirmed.
+    """
+    confirmed = False
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
+        try:
+            for view in await client.list_sandboxes():
+                if view.name == token:
+                    await delete_sandbox_confirmed(client, view.id)
+            confirmed = True
+        except ProviderError:
+            pass
+    if not confirmed:
+        reason = str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
+        raise CleanupUnconfirmed(
+            f"Creating the sandbox failed ({reason}) and it may have been created anyway; "
+            f"checking for it failed too. Look for a sandbox named {token} in CreateOS."
+        ) from cause
+
+
+async def _delete_after_failure(
+    client: CreateOSClient, sandbox_id: str, call: BoundCall, cause: BaseException
+) -> None:
+    deleted = False
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
+        try:
+            await delete_sandbox_confirmed(client, sandbox_id)
+            deleted = True
+        except ProviderError:
+            pass
+    if not deleted:
+        reason = str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
+        raise CleanupUnconfirmed(
+            f"Setting up sandbox {sandbox_id} failed ({reason}) and deleting it failed too: the "
+            f"sandbox may be left behind. Delete {sandbox_id} in CreateOS."
+        ) from cause
+
+
+def _cleanup_timeout(call: BoundCall) -> float:
+    return min(call.timeout, CLEANUP_DEADLINE_CAP)
+
+
+# -- resume --------------------------------------------------------------------------------
+
+
+async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any]:
+    call = bind_call(runtime, params)
+    metadata = params.leaseMetadata or {}
+    scope = owned_scope(call, params.providerLeaseId, metadata)
+    runtime.tracker.check_usable(scope, "resume this lease")
+    sandbox_id = scope.lease_id
+    marker = metadata.get("marker")
+    if not isinstance(marker, str) or not MARKER_RE.fullmatch(marker):
+        return GONE
+    if _placement_changed(call, metadata):
+        return GONE
+    async with runtime.client_factory(call.config, call.api_key) as client:
+        with deadline(min(call.timeout, RESUME_DEADLINE_CAP), "Resuming the CreateOS sandbox"):
+            try:
+                if await read_status(client, sandbox_id) in ("destroyed", "failed"):
+                    return GONE
+                await transition(client, sandbox_id, "running")
+                check = await client.exec(sandbox_id, "/bin/cat", [MARKER_PATH])
+            except NotFound:
+                return GONE
+    if check.exit_code != 0 or check.stdout != marker:
+        return GONE
+    return {
+        "providerLeaseId": sandbox_id,
+        "metadata": {**metadata, "resumedLease": True},
+        "expiresAt": None,
+    }
+
+
+def _placement_changed(call: BoundCall, metadata: Mapping[str, Any]) -> bool:
+    config = call.config
+    return (
+        metadata.get("shape") != config.shape
+        or metadata.get("rootfs") != config.rootfs
+        or metadata.get("region") != config.region
+    )
+
+
+# -- release / destroy ---------------------------------------------------------------------
+
+
+async def release(
+    runtime: DriverRuntime, params: LeaseIdParams, *, destroy: bool
+) -> dict[str, Any] | None:
+    if not params.providerLeaseId:
+        return None
+    call = bind_call(runtime, params)
+    scope = owned_scope(call, params.providerLeaseId, params.leaseMetadata)
+    sandbox_id = scope.lease_id
+    verb = "destroyed" if destroy else "released"
+    async with (
+        runtime.tracker.closing(scope, f"the lease was {verb}"),
+        runtime.client_factory(call.config, call.api_key) as client,
+    ):
+        if destroy or not call.config.reuse_lease:
+            with deadline(call.timeout, "Deleting the CreateOS sandbox"):
+                await delete_sandbox_confirmed(client, sandbox_id)
+            runtime.tracker.clear_unconfirmed(scope)
+            return {"providerLeaseId": sandbox_id, "state": "destroyed"}
+        if runtime.tracker.is_unconfirmed(scope):
+            raise RequestRefused(
+                "This lease cannot be kept for reuse: a command on it may still be running "
+                "because its cleanup could not be confirmed. Destroy the lease instead."
+            )
+        try:
+            with deadline(call.timeout, "Pausing the CreateOS sandbox"):
+                await transition(client, sandbox_id, "paused")
+        except NotFound:
+            return {"providerLeaseId": sandbox_id, "state": "destroyed"}
+        return {"providerLeaseId": sandbox_id, "state": "stopped"}
+
+
+# -- realize -------------------------------------------------------------------------------
+
+
+async def realize(runtime: DriverRuntime, params: LeaseParams) -> dict[str, Any]:
+    call = bind_call(runtime, params)
+    owned_scope(call, params.lease.providerLeaseId, params.lease.metadata)
+    return {"cwd": ROOT, "metadata": {"provider": PROVIDER_NAME, "remoteCwd": ROOT}}

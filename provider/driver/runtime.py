@@ -1,0 +1,107 @@
+"""What every driver call shares: the lease tracker, the client factory, the call's binding.
+
+``DriverRuntime`` is built once per worker by the composition root. ``bind_call`` turns a
+request's common params into a :class:`BoundCall` (parsed config, resolved key) and
+``owned_scope`` applies the ownership rule of provider-behavior.md 2.1 before any HTTP request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from provider.config import EnvironmentConfig, parse_config, resolve_api_key
+from provider.createos.client import CreateOSClient
+from provider.createos.models import is_valid_id
+from provider.createos.pacer import pacer_for
+from provider.driver.params import CallParams
+from provider.driver.tracker import LeaseTracker, ScopeKey
+from provider.errors import ProviderError, RequestRefused
+
+ROOT = "/paperclip-workspace"
+PROVIDER_NAME = "createos"
+
+ClientFactory = Callable[[EnvironmentConfig, str], CreateOSClient]
+
+
+def default_client_factory(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
+    return CreateOSClient(config.api_url, api_key, pacer=pacer_for(config.api_url))
+
+
+@dataclass
+class DriverRuntime:
+    tracker: LeaseTracker = field(default_factory=LeaseTracker)
+    client_factory: ClientFactory = default_client_factory
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """One call's parsed config, resolved key and identity."""
+
+    config: EnvironmentConfig
+    api_key: str
+    company_id: str
+    environment_id: str
+
+    def scope(self, lease_id: str) -> ScopeKey:
+        return ScopeKey.build(
+            company_id=self.company_id,
+            environment_id=self.environment_id,
+            api_url=self.config.api_url,
+            api_key=self.api_key,
+            lease_id=lease_id,
+        )
+
+    @property
+    def timeout(self) -> float:
+        return self.config.timeout_ms / 1000
+
+
+def bind_call(runtime: DriverRuntime, params: CallParams) -> BoundCall:
+    config = parse_config(params.config)
+    api_key = resolve_api_key(config, runtime.environ)
+    return BoundCall(config, api_key, params.companyId, params.environmentId)
+
+
+def owned_scope(
+    call: BoundCall, lease_id: str | None, metadata: Mapping[str, Any] | None
+) -> ScopeKey:
+    """Refuse (before any HTTP request) a missing, malformed or foreign lease."""
+    if not lease_id:
+        raise RequestRefused("This call needs a lease: providerLeaseId is missing.")
+    if not is_valid_id(lease_id):
+        raise RequestRefused("The providerLeaseId is not a valid CreateOS sandbox id.")
+    meta = metadata or {}
+    if meta.get("provider") != PROVIDER_NAME:
+        raise RequestRefused("This lease was not issued by the CreateOS provider.")
+    mismatches = [
+        what
+        for what, key, expected in (
+            ("company", "companyId", call.company_id),
+            ("environment", "environmentId", call.environment_id),
+            ("API endpoint", "apiUrl", call.config.api_url),
+        )
+        if meta.get(key) != expected
+    ]
+    if mismatches:
+        raise RequestRefused(
+            f"This lease was issued for another {' and '.join(mismatches)}; it cannot be used "
+            "with this environment."
+        )
+    return call.scope(lease_id)
+
+
+@contextmanager
+def deadline(seconds: float, what: str) -> Iterator[None]:
+    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`."""
+    try:
+        with anyio.fail_after(seconds):
+            yield
+    except TimeoutError as exc:
+        raise ProviderError(f"{what} did not finish within {seconds:g} s.") from exc

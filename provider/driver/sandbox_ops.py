@@ -1,0 +1,83 @@
+"""Sandbox state changes the lease logic builds on: waiting for a state, confirmed deletion.
+
+``transition`` follows provider-behavior.md 2.2: read, submit pause/resume at most once when the
+current state allows it, keep polling through transitional states, and fail on a state from
+which the wanted one cannot be reached. ``delete_sandbox_confirmed`` follows the delete routine of
+2.5: a sandbox counts as gone only when the API says ``destroyed`` or 404.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.createos.errors import Conflict, NotFound
+from provider.createos.models import SANDBOX_STATES
+from provider.errors import ProviderError
+
+POLL_INTERVAL = 0.25
+TRANSITIONAL = frozenset({"creating", "pausing", "resuming"})
+
+
+class SandboxStateError(ProviderError):
+    """The sandbox is in a state from which the wanted one cannot be reached."""
+
+    def __init__(self, message: str, *, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_status(client: CreateOSClient, sandbox_id: str) -> str:
+    view = await client.get_sandbox(sandbox_id)
+    if view.status not in SANDBOX_STATES:
+        raise SandboxStateError(
+            f"CreateOS reported an unknown state for sandbox {sandbox_id}.", status=view.status
+        )
+    return view.status
+
+
+async def transition(
+    client: CreateOSClient, sandbox_id: str, desired: Literal["running", "paused"]
+) -> None:
+    """Bring the sandbox to ``desired``; the caller's cancel scope is the deadline."""
+    submitted = False
+    while True:
+        status = await read_status(client, sandbox_id)
+        if status == desired:
+            return
+        can_submit = (desired == "running" and status in ("paused", "error")) or (
+            desired == "paused" and status == "running"
+        )
+        if can_submit:
+            if not submitted:
+                try:
+                    if desired == "running":
+                        await client.resume_sandbox(sandbox_id)
+                    else:
+                        await client.pause_sandbox(sandbox_id)
+                    submitted = True
+                except Conflict:
+                    pass  # the next read decides
+        elif status not in TRANSITIONAL:
+            raise SandboxStateError(
+                f"Sandbox {sandbox_id} is {status} and cannot become {desired}.", status=status
+            )
+        await anyio.sleep(POLL_INTERVAL)
+
+
+async def delete_sandbox_confirmed(client: CreateOSClient, sandbox_id: str) -> None:
+    """Delete and wait until CreateOS confirms the sandbox is destroyed (or unknown)."""
+    try:
+        status = await client.delete_sandbox(sandbox_id)
+    except NotFound:
+        return
+    while status != "destroyed":
+        await anyio.sleep(POLL_INTERVAL)
+        try:
+            status = (await client.get_sandbox(sandbox_id)).status
+        except NotFound:
+            return
+        # Any other status (a stale read right after the delete) keeps us polling; the
+        # caller's deadline bounds the wait.

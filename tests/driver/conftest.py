@@ -1,0 +1,96 @@
+"""Driver tests run the real driver methods against the real emulator (real HTTP, real processes).
+
+``harness`` wires :class:`DriverMethods` to the emulator with request pacing switched off (the
+pacing rules have their own tests with the real 300 ms) and records every notification the
+driver sends, so tests can assert on live output and on what crossed the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from provider.config import EnvironmentConfig
+from provider.createos.client import CreateOSClient
+from provider.createos.pacer import RequestPacer
+from provider.driver.runtime import DriverRuntime
+from provider.driver.service import DriverService as DriverMethods
+from provider.emulator import Emulator
+
+SHAPE = "s-1vcpu-1gb"
+
+
+def unpaced_client(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
+    pacer = RequestPacer(config.api_url, interval=0.0, shared_dir=None)
+    return CreateOSClient(config.api_url, api_key, pacer=pacer, backoff_base=0.01)
+
+
+@dataclass
+class Harness:
+    emulator: Emulator
+    methods: DriverMethods
+    notifications: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    logs: list[tuple[str, str]] = field(default_factory=list)
+    company_id: str = "company-1"
+    environment_id: str = "env-1"
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "apiUrl": self.emulator.base_url,
+            "apiKey": "test-key",
+            "shape": SHAPE,
+            "timeoutMs": 60_000,
+            "reuseLease": False,
+        }
+        config.update(overrides)
+        return config
+
+    def call(self, **config_overrides: Any) -> dict[str, Any]:
+        return {
+            "driverKey": "createos",
+            "companyId": self.company_id,
+            "environmentId": self.environment_id,
+            "config": self.config(**config_overrides),
+        }
+
+    def lease_ref(self, lease: dict[str, Any], **config_overrides: Any) -> dict[str, Any]:
+        return {
+            **self.call(**config_overrides),
+            "providerLeaseId": lease["providerLeaseId"],
+            "leaseMetadata": lease["metadata"],
+        }
+
+    def with_lease(self, lease: dict[str, Any], **config_overrides: Any) -> dict[str, Any]:
+        return {**self.call(**config_overrides), "lease": {**lease, "expiresAt": None}}
+
+    async def acquire(self, **config_overrides: Any) -> dict[str, Any]:
+        return await self.methods.acquire({**self.call(**config_overrides), "runId": "run-1"})
+
+    async def request_count(self) -> int:
+        return len(await self.emulator.admin.requests())
+
+    def live_chunks(self) -> list[tuple[str, str]]:
+        return [
+            (params["stream"], params["chunk"])
+            for method, params in self.notifications
+            if method == "execute.log"
+        ]
+
+
+@pytest.fixture
+async def harness(emulator: Emulator) -> AsyncIterator[Harness]:
+    runtime = DriverRuntime(client_factory=unpaced_client, environ={})
+    notifications: list[tuple[str, dict[str, Any]]] = []
+    logs: list[tuple[str, str]] = []
+
+    async def notify(method: str, params: dict[str, Any]) -> None:
+        notifications.append((method, params))
+
+    async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
+        logs.append((level, message))
+
+    methods = DriverMethods(runtime, notify=notify, log=log)
+    yield Harness(emulator, methods, notifications, logs)
