@@ -13,7 +13,7 @@ UTF-8 sequence this is equivalent to decoding incrementally and splitting the te
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
@@ -231,7 +231,7 @@ async def follow_process_output(
     on_open: Callable[[], Awaitable[None]] | None = None,
     max_reconnects: int = 3,
     reconnect_delay: float = 0.25,
-) -> AsyncIterator[DataFrame | ExitFrame]:
+) -> AsyncGenerator[DataFrame | ExitFrame, None]:
     """Yield the process's data frames in ``seq`` order, then its :class:`ExitFrame`.
 
     ``on_open`` is awaited once, right after the first connection opens (its errors propagate).

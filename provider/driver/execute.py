@@ -1,0 +1,227 @@
+"""Run one command as a CreateOS managed process (provider-behavior.md section 3).
+
+The command runs as an argv inside a bash wrapper that waits for a start gate file, so nothing
+is printed before the output stream is attached. Stdin is staged as a file before the process is
+created. Output is followed frame by frame, decoded per stream, sent live through ``on_output``
+and kept as a bounded tail. Whatever ends the command early (deadline, cancellation, a protocol
+failure) kills the whole remote process tree under a fresh, shielded deadline; if that kill (or
+the creation itself) cannot be confirmed, :class:`CleanupUnconfirmed` replaces the outcome and
+the caller poisons the lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.createos.errors import APIStatusError, Conflict, NotFound
+from provider.createos.models import DataFrame, ExitFrame
+from provider.createos.stream import follow_process_output
+from provider.driver.output import StreamDecoder, TailBuffer
+from provider.driver.shell import build_wrapper_script, validate_env
+from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError
+
+OutputSink = Callable[[str, str], Awaitable[None]]
+GATE_POLL_SECONDS = 0.05
+KILL_GRACE_MS = 1000
+MAX_TIMEOUT_MS = 86_400_000
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    command: str
+    args: Sequence[str] = ()
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: str | None = None
+    timeout: float = 300.0
+
+
+def check_command(spec: CommandSpec) -> None:
+    """Pre-flight (3.1): refuse bad values before any HTTP request, never echoing them."""
+    if not spec.command:
+        raise InvalidParams("The command is empty.")
+    for what, value in (("command", spec.command), ("cwd", spec.cwd or "")):
+        if "\0" in value:
+            raise InvalidParams(f"The {what} contains a NUL character.")
+    if any("\0" in arg for arg in spec.args):
+        raise InvalidParams("An argument contains a NUL character.")
+    validate_env(spec.env)
+
+
+def timeout_seconds(timeout_ms: object, what: str) -> float:
+    """An integral millisecond count in [1, 86,400,000] (integral floats accepted)."""
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float):
+        raise InvalidParams(f"{what} must be an integer number of milliseconds.")
+    if isinstance(timeout_ms, float) and not (
+        math.isfinite(timeout_ms) and timeout_ms.is_integer()
+    ):
+        raise InvalidParams(f"{what} must be an integer number of milliseconds.")
+    if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise InvalidParams(f"{what} must be between 1 and {MAX_TIMEOUT_MS} milliseconds.")
+    return int(timeout_ms) / 1000
+
+
+@dataclass
+class _Run:
+    process_id: str | None = None
+    creation_unknown: bool = False
+    exit: ExitFrame | None = None
+    stdout: TailBuffer = field(default_factory=TailBuffer)
+    stderr: TailBuffer = field(default_factory=TailBuffer)
+    decoders: dict[str, StreamDecoder] = field(
+        default_factory=lambda: {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
+    )
+
+    async def emit(self, stream: str, text: str, sink: OutputSink | None) -> None:
+        if not text:
+            return
+        if sink is not None:
+            await sink(stream, text)
+        (self.stdout if stream == "stdout" else self.stderr).append(text)
+
+    async def flush(self, sink: OutputSink | None) -> None:
+        for stream, decoder in self.decoders.items():
+            await self.emit(stream, decoder.flush(), sink)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "processId": self.process_id,
+            "outputTruncated": self.stdout.truncated or self.stderr.truncated,
+        }
+
+
+async def run_command(
+    client: CreateOSClient,
+    sandbox_id: str,
+    spec: CommandSpec,
+    *,
+    on_output: OutputSink | None,
+    cleanup_timeout: float,
+) -> dict[str, Any]:
+    """Run ``spec`` to completion or deadline; see the module docstring for the guarantees."""
+    check_command(spec)
+    token = uuid.uuid4().hex
+    gate = f"/tmp/paperclip-start-{token}"
+    stdin_path = f"/tmp/paperclip-stdin-{token}" if spec.stdin is not None else None
+    script = build_wrapper_script(
+        command=spec.command,
+        args=spec.args,
+        env=spec.env,
+        cwd=spec.cwd,
+        gate_path=gate,
+        gate_limit=math.ceil(spec.timeout / GATE_POLL_SECONDS) + 20,
+        stdin_path=stdin_path,
+    )
+    run = _Run()
+    try:
+        with anyio.move_on_after(spec.timeout) as timer:
+            await _start_and_follow(
+                client, sandbox_id, spec, script, gate, stdin_path, run, on_output
+            )
+        await run.flush(on_output)
+    finally:
+        await _cleanup(client, sandbox_id, run, gate, stdin_path, cleanup_timeout)
+    if run.exit is None:
+        assert timer.cancelled_caught
+        return {
+            "exitCode": None,
+            "timedOut": True,
+            "stdout": run.stdout.getvalue(),
+            "stderr": run.stderr.getvalue(),
+            "metadata": run.metadata(),
+        }
+    return {
+        "exitCode": run.exit.exit_code if run.exit.signal is None else None,
+        "signal": run.exit.signal,
+        "timedOut": False,
+        "stdout": run.stdout.getvalue(),
+        "stderr": run.stderr.getvalue(),
+        "metadata": run.metadata(),
+    }
+
+
+async def _start_and_follow(
+    client: CreateOSClient,
+    sandbox_id: str,
+    spec: CommandSpec,
+    script: str,
+    gate: str,
+    stdin_path: str | None,
+    run: _Run,
+    on_output: OutputSink | None,
+) -> None:
+    if stdin_path is not None and spec.stdin is not None:
+        await client.put_file(sandbox_id, stdin_path, spec.stdin.encode("utf-8"))
+    run.creation_unknown = True
+    try:
+        view = await client.create_process(
+            sandbox_id, cmd="/bin/bash", args=["-lc", script], cwd=spec.cwd
+        )
+    except APIStatusError as exc:
+        if exc.status < 500:
+            run.creation_unknown = False  # a definite rejection: nothing started
+        raise
+    run.process_id = view.process_id
+    run.creation_unknown = False
+
+    async def open_gate() -> None:
+        with contextlib.suppress(Conflict, NotFound):
+            await client.close_stdin(sandbox_id, view.process_id)
+        await client.put_file(sandbox_id, gate, b"")
+
+    frames = follow_process_output(client, sandbox_id, view.process_id, on_open=open_gate)
+    async with contextlib.aclosing(frames):  # close the stream at once when stopped early
+        async for frame in frames:
+            if isinstance(frame, DataFrame):
+                await run.emit(frame.stream, run.decoders[frame.stream].feed(frame.data), on_output)
+            elif isinstance(frame, ExitFrame):
+                run.exit = frame
+
+
+async def _cleanup(
+    client: CreateOSClient,
+    sandbox_id: str,
+    run: _Run,
+    gate: str,
+    stdin_path: str | None,
+    cleanup_timeout: float,
+) -> None:
+    """Kill the tree if it may still run, then remove the gate and stdin files (3.8)."""
+    confirmed = not run.creation_unknown
+    with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(cleanup_timeout):
+            if run.process_id is not None and run.exit is None:
+                confirmed = False  # stays False if the deadline ends the kill
+                confirmed = await _kill_tree(client, sandbox_id, run.process_id)
+        with anyio.move_on_after(cleanup_timeout):
+            leftovers = [gate] + ([stdin_path] if stdin_path else [])
+            with contextlib.suppress(ProviderError):
+                await client.exec(sandbox_id, "/bin/rm", ["-f", "--", *leftovers])
+    if not confirmed:
+        if run.process_id is None:
+            raise CleanupUnconfirmed(
+                "Starting the command failed in a way that leaves its outcome unknown: a process "
+                "may be running unseen in the sandbox. Destroy the lease to recover."
+            )
+        raise CleanupUnconfirmed(
+            f"Stopping the command's process tree ({run.process_id}) could not be confirmed; it "
+            "may still be running. Destroy the lease to recover."
+        )
+
+
+async def _kill_tree(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:
+    try:
+        view = await client.delete_process(sandbox_id, process_id, grace_ms=KILL_GRACE_MS)
+    except NotFound:
+        return True
+    except ProviderError:
+        return False
+    return view.tree_exited
