@@ -1,0 +1,176 @@
+"""The Paperclip environment-driver methods: raw params in, JSON-ready results out.
+
+``DriverService`` is what ``provider.driver.methods`` hands every call to: it decodes each
+request's params into typed structs, applies the per-call guards and hands off to the lease,
+execute and sync logic. It knows nothing of JSON-RPC framing; the functions it is given
+(``notify``, ``log``) send host notifications for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from provider.config import validate_config
+from provider.driver import leases
+from provider.driver.execute import CommandSpec, run_command, timeout_seconds
+from provider.driver.output import LiveBudget, split_chunks
+from provider.driver.params import (
+    AcquireParams,
+    CallParams,
+    ExecuteParams,
+    LeaseIdParams,
+    LeaseParams,
+    SyncParams,
+    decode_params,
+)
+from provider.driver.probe import probe
+from provider.driver.runtime import DriverRuntime, bind_call, deadline, owned_scope
+from provider.driver.sync import SyncSession
+from provider.driver.sync_plan import Direction, plan_sync
+from provider.driver.tracker import ScopeKey
+from provider.errors import CleanupUnconfirmed, InvalidParams
+
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
+Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
+SHUTDOWN_BUDGET = 8.0
+
+
+class DriverService:
+    def __init__(self, runtime: DriverRuntime, *, notify: Notify, log: Log) -> None:
+        self.runtime = runtime
+        self.notify = notify
+        self.log = log
+
+    def table(self) -> dict[str, Handler]:
+        return {
+            "environmentValidateConfig": self.validate_config,
+            "environmentProbe": self.probe,
+            "environmentAcquireLease": self.acquire,
+            "environmentResumeLease": self.resume,
+            "environmentReleaseLease": self.release,
+            "environmentDestroyLease": self.destroy,
+            "environmentRealizeWorkspace": self.realize,
+            "environmentExecute": self.execute,
+            "environmentSyncIn": self.sync_in,
+            "environmentSyncOut": self.sync_out,
+        }
+
+    async def shutdown(self) -> None:
+        await self.runtime.tracker.shutdown(budget=SHUTDOWN_BUDGET)
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def validate_config(self, params: dict[str, Any]) -> dict[str, Any]:
+        if "config" not in params:
+            raise InvalidParams("environmentValidateConfig needs a config object.")
+        return validate_config(params["config"])
+
+    async def probe(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await probe(self.runtime, decode_params(params, CallParams, "environmentProbe"))
+
+    async def acquire(self, params: dict[str, Any]) -> dict[str, Any]:
+        decoded = decode_params(params, AcquireParams, "environmentAcquireLease")
+        return await leases.acquire(self.runtime, decoded)
+
+    async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
+        decoded = decode_params(params, LeaseIdParams, "environmentResumeLease")
+        return await leases.resume(self.runtime, decoded)
+
+    async def release(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        decoded = decode_params(params, LeaseIdParams, "environmentReleaseLease")
+        return await leases.release(self.runtime, decoded, destroy=False)
+
+    async def destroy(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        decoded = decode_params(params, LeaseIdParams, "environmentDestroyLease")
+        return await leases.release(self.runtime, decoded, destroy=True)
+
+    async def realize(self, params: dict[str, Any]) -> dict[str, Any]:
+        decoded = decode_params(params, LeaseParams, "environmentRealizeWorkspace")
+        return await leases.realize(self.runtime, decoded)
+
+    # -- execute -----------------------------------------------------------------------------
+
+    async def execute(self, params: dict[str, Any]) -> dict[str, Any]:
+        p = decode_params(params, ExecuteParams, "environmentExecute")
+        call = bind_call(self.runtime, p)
+        scope = owned_scope(call, p.lease.providerLeaseId, p.lease.metadata)
+        timeout = (
+            call.timeout
+            if p.timeoutMs is None
+            else timeout_seconds(p.timeoutMs, "The command's timeoutMs")
+        )
+        spec = CommandSpec(
+            command=p.command,
+            args=p.args or [],
+            cwd=p.cwd,
+            env=p.env or {},
+            stdin=p.stdin,
+            timeout=timeout,
+        )
+        budget = LiveBudget()
+
+        async def send_live(stream: str, text: str) -> None:
+            for chunk in split_chunks(budget.admit(text)):
+                await self.notify("execute.log", {"stream": stream, "chunk": chunk})
+
+        async with (
+            self.runtime.tracker.track(scope, "command"),
+            self.runtime.client_factory(call.config, call.api_key) as client,
+        ):
+            with self._poison_on_unconfirmed(scope):
+                return await run_command(
+                    client,
+                    scope.lease_id,
+                    spec,
+                    on_output=send_live,
+                    cleanup_timeout=call.timeout,
+                )
+
+    # -- sync --------------------------------------------------------------------------------
+
+    async def sync_in(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._sync(params, "in")
+
+    async def sync_out(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._sync(params, "out")
+
+    async def _sync(self, params: dict[str, Any], direction: Direction) -> dict[str, Any]:
+        method = "environmentSyncIn" if direction == "in" else "environmentSyncOut"
+        p = decode_params(params, SyncParams, method)
+        call = bind_call(self.runtime, p)
+        scope = owned_scope(call, p.lease.providerLeaseId, p.lease.metadata)
+        self.runtime.tracker.check_usable(scope, "sync files")
+        planned = await plan_sync(p.operations, direction)
+        async with (
+            self.runtime.tracker.track(scope, "file sync"),
+            self.runtime.client_factory(call.config, call.api_key) as client,
+        ):
+            session = SyncSession(
+                client, scope.lease_id, cleanup_timeout=call.timeout, log=self.log
+            )
+            with self._poison_on_unconfirmed(scope), deadline(call.timeout, "The file sync"):
+                if direction == "in":
+                    results = await session.sync_in(planned)
+                else:
+                    results = await session.sync_out(planned)
+        return {"operations": results}
+
+    def _poison_on_unconfirmed(self, scope: ScopeKey) -> _Poison:
+        return _Poison(self.runtime, scope)
+
+
+class _Poison:
+    """Mark the lease unconfirmed when a CleanupUnconfirmed error leaves the block."""
+
+    def __init__(self, runtime: DriverRuntime, scope: ScopeKey) -> None:
+        self.runtime = runtime
+        self.scope = scope
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        if exc_type is not None and issubclass(exc_type, CleanupUnconfirmed):
+            self.runtime.tracker.mark_unconfirmed(self.scope)

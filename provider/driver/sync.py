@@ -1,0 +1,254 @@
+"""environmentSyncIn / environmentSyncOut: move files between host paths and the workspace.
+
+Bytes never cross JSON-RPC and never go through process output: they are streamed through the
+files API between host temp files and sandbox scratch files, and a guarded control command
+(provider.driver.shell) moves them into place inside the sandbox. See provider-behavior.md 5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.driver import shell
+from provider.driver.archive import build_directory_archive, extract_archive
+from provider.driver.execute import CommandSpec, run_command
+from provider.driver.runtime import ROOT
+from provider.driver.sync_plan import FileMapping, PlannedOperation
+from provider.errors import ProviderError, TransferError
+
+LogSink = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
+PROGRESS_THRESHOLD = 64 * 1024 * 1024
+PROGRESS_INTERVAL = 2.0
+WRITE_BATCH = 1024 * 1024
+
+
+class SyncSession:
+    """One sync call on one sandbox: runs planned operations in order, with accounting."""
+
+    def __init__(
+        self,
+        client: CreateOSClient,
+        sandbox_id: str,
+        *,
+        cleanup_timeout: float,
+        log: LogSink | None,
+    ) -> None:
+        self.client = client
+        self.sandbox_id = sandbox_id
+        self.cleanup_timeout = cleanup_timeout
+        self.log = log
+
+    async def sync_in(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
+        results = []
+        for op in operations:
+            files = transferred = 0
+            for mapping in op.mappings:
+                count, size = await self._upload(mapping)
+                files, transferred = files + count, transferred + size
+            for command in op.post_upload:
+                await self._control(shell.guard_snippet(command.cwd), "The post-upload cwd check")
+                await self._run(
+                    command.command, command.cwd, command.timeout, "A post-upload command"
+                )
+            results.append(_result(op, files, transferred))
+        return results
+
+    async def sync_out(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
+        results = []
+        for op in operations:
+            files = transferred = 0
+            for mapping in op.mappings:
+                count, size = await self._download(mapping)
+                files, transferred = files + count, transferred + size
+            results.append(_result(op, files, transferred))
+        return results
+
+    # -- inbound -----------------------------------------------------------------------------
+
+    async def _upload(self, mapping: FileMapping) -> tuple[int, int]:
+        scratch = f"/tmp/paperclip-createos-transfer-{uuid.uuid4().hex}"
+        workdir = Path(tempfile.mkdtemp(prefix=".paperclip-createos-"))
+        try:
+            if mapping.kind == "directory":
+                data = workdir / "data"
+                stats = await anyio.to_thread.run_sync(
+                    lambda: build_directory_archive(
+                        mapping.host_path,
+                        data,
+                        exclude=mapping.exclude,
+                        follow_symlinks=mapping.follow_symlinks,
+                    )
+                )
+                files, mode = stats.files, 0o755 if mapping.mode is None else mapping.mode
+            else:
+                data = mapping.host_path
+                host_mode = (await anyio.to_thread.run_sync(os.stat, data)).st_mode & 0o777
+                files, mode = 1, host_mode if mapping.mode is None else mapping.mode
+            size = (await anyio.to_thread.run_sync(os.stat, data)).st_size
+            await self._put_with_progress(scratch, data, size, mapping)
+            if mapping.kind == "directory":
+                script = shell.syncin_dir_command(scratch, mapping.sandbox_path, mode)
+            else:
+                script = shell.syncin_file_command(scratch, mapping.sandbox_path, mode)
+            await self._control(script, f"Placing {mapping.sandbox_path}")
+            return files, size
+        finally:
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+            await self._remove_scratch(scratch)
+
+    async def _put_with_progress(
+        self, scratch: str, data: Path, size: int, mapping: FileMapping
+    ) -> None:
+        sent = 0
+
+        def progress(count: int) -> None:
+            nonlocal sent
+            sent = count
+
+        async with anyio.create_task_group() as tg:
+            if size > PROGRESS_THRESHOLD and self.log is not None:
+                tg.start_soon(self._report, lambda: sent, size, f"Uploading {mapping.sandbox_path}")
+            await self.client.put_file(self.sandbox_id, scratch, data, on_progress=progress)
+            tg.cancel_scope.cancel()
+
+    async def _report(self, current: Callable[[], int], total: int, what: str) -> None:
+        assert self.log is not None
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL)
+            await self.log("info", f"{what}: {current() >> 20} of {total >> 20} MiB", None)
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    async def _download(self, mapping: FileMapping) -> tuple[int, int]:
+        scratch = f"/tmp/paperclip-createos-transfer-{uuid.uuid4().hex}"
+        target = mapping.host_path
+        if mapping.kind == "directory":
+            script = shell.syncout_dir_command(
+                mapping.sandbox_path,
+                scratch,
+                exclude=mapping.exclude,
+                follow_symlinks=mapping.follow_symlinks,
+            )
+        else:
+            script = shell.syncout_file_command(mapping.sandbox_path, scratch)
+        file_mode = 0o600 if mapping.mode is None else mapping.mode
+        workdir: Path | None = None
+        try:
+            await self._control(script, f"Packing {mapping.sandbox_path}")
+            workdir = await anyio.to_thread.run_sync(_make_download_dir, target)
+            data = workdir / "data"
+            size = await self._get_to_file(scratch, data, file_mode, mapping)
+            if mapping.kind == "directory":
+                files = await anyio.to_thread.run_sync(
+                    lambda: extract_archive(data, target, mode=mapping.mode)
+                )
+            else:
+                await anyio.to_thread.run_sync(_install_file, data, target, file_mode)
+                files = 1
+            return files, size
+        finally:
+            if workdir is not None:
+                await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+            await self._remove_scratch(scratch)
+
+    async def _get_to_file(self, scratch: str, data: Path, mode: int, mapping: FileMapping) -> int:
+        fd = await anyio.to_thread.run_sync(
+            lambda: os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o600)
+        )
+        size = reported = 0
+        pending: list[bytes] = []
+        pending_size = 0
+        try:
+            async with self.client.get_file(self.sandbox_id, scratch) as body:
+                async for chunk in body:
+                    pending.append(chunk)
+                    pending_size += len(chunk)
+                    if pending_size >= WRITE_BATCH:
+                        await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
+                        size += pending_size
+                        pending, pending_size = [], 0
+                        if size - reported >= PROGRESS_THRESHOLD and self.log is not None:
+                            reported = size
+                            await self.log(
+                                "info",
+                                f"Downloading {mapping.sandbox_path}: {size >> 20} MiB",
+                                None,
+                            )
+            if pending:
+                await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
+                size += pending_size
+        finally:
+            await anyio.to_thread.run_sync(os.close, fd)
+        return size
+
+    # -- sandbox commands --------------------------------------------------------------------
+
+    async def _control(self, script: str, what: str) -> None:
+        await self._run(script, ROOT, None, what)
+
+    async def _run(self, script: str, cwd: str, limit: float | None, what: str) -> None:
+        remaining = anyio.current_effective_deadline() - anyio.current_time()
+        budget = remaining if limit is None else min(limit, remaining)
+        result = await run_command(
+            self.client,
+            self.sandbox_id,
+            CommandSpec(
+                command="/bin/bash", args=["-c", script], cwd=cwd, timeout=max(budget, 0.001)
+            ),
+            on_output=None,
+            cleanup_timeout=self.cleanup_timeout,
+        )
+        if result["timedOut"]:
+            raise TransferError(f"{what} timed out in the sandbox.")
+        if result["exitCode"] != 0:
+            detail = result["stderr"].strip()[-300:]
+            code = result["exitCode"] if result["exitCode"] is not None else result.get("signal")
+            raise TransferError(
+                f"{what} failed in the sandbox (exit {code})" + (f": {detail}" if detail else ".")
+            )
+
+    async def _remove_scratch(self, scratch: str) -> None:
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(self.cleanup_timeout),
+            contextlib.suppress(ProviderError),
+        ):
+            await self.client.exec(self.sandbox_id, "/bin/rm", ["-f", "--", scratch])
+
+
+def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any]:
+    return {
+        "operationId": op.operation_id,
+        "filesTransferred": files,
+        "bytesTransferred": transferred,
+    }
+
+
+def _make_download_dir(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=".paperclip-createos-", dir=target.parent))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _install_file(data: Path, target: Path, mode: int) -> None:
+    """Give the complete download its final mode, then rename it over the target atomically."""
+    if target.is_dir() and not target.is_symlink():
+        raise TransferError("The sync-out target is a directory, but the source is a file.")
+    data.chmod(mode)
+    data.replace(target)

@@ -1,0 +1,278 @@
+"""Native file sync against the emulator: exact bytes, modes, links, confinement, faults."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from provider.errors import ProviderError, RequestRefused
+from tests.driver.conftest import Harness
+
+pytestmark = pytest.mark.anyio
+
+WS = "/paperclip-workspace"
+
+
+async def sync_in(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]) -> Any:
+    return await h.methods.sync_in({**h.with_lease(lease), "operations": list(ops)})
+
+
+async def sync_out(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]) -> Any:
+    return await h.methods.sync_out({**h.with_lease(lease), "operations": list(ops)})
+
+
+def op(
+    *files: dict[str, Any], op_id: str = "op-1", post: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"operationId": op_id, "files": list(files)}
+    if post is not None:
+        result["postUploadCommands"] = post
+    return result
+
+
+def mapping(
+    source: str | Path, target: str | Path, kind: str = "file", **extra: Any
+) -> dict[str, Any]:
+    return {"sourcePath": str(source), "targetPath": str(target), "kind": kind, **extra}
+
+
+async def sh(h: Harness, lease: dict[str, Any], script: str) -> dict[str, Any]:
+    result: dict[str, Any] = await h.methods.execute(
+        {**h.with_lease(lease), "command": "bash", "args": ["-c", script]}
+    )
+    return result
+
+
+def host_temp_leftovers(*dirs: Path) -> list[str]:
+    return [
+        p.name
+        for d in dirs
+        if d.exists()
+        for p in d.iterdir()
+        if p.name.startswith(".paperclip-createos-")
+    ]
+
+
+async def test_binary_file_arrives_exact_with_its_mode(harness: Harness, tmp_path: Path) -> None:
+    h = harness
+    lease = await h.acquire()
+    source = tmp_path / "bin"
+    source.write_bytes(bytes([0x00, 0xFF, 0x80, 0x0A, 0x0D]))
+    source.chmod(0o600)
+    result = await sync_in(h, lease, op(mapping(source, f"{WS}/sub/bin")))
+    assert result == {
+        "operations": [{"operationId": "op-1", "filesTransferred": 1, "bytesTransferred": 5}]
+    }
+    check = await sh(h, lease, f"od -An -tx1 {WS}/sub/bin | tr -s ' '; stat -c %a {WS}/sub/bin")
+    assert check["stdout"] == " 00 ff 80 0a 0d\n600\n"
+    leftovers = await sh(h, lease, "ls /tmp | grep paperclip-createos || true")
+    assert leftovers["stdout"] == ""
+
+
+async def test_binary_round_trip_is_byte_exact(harness: Harness, tmp_path: Path) -> None:
+    h = harness
+    lease = await h.acquire()
+    every_byte = bytes(range(256)) * 4
+    big = os.urandom(5 * 1024 * 1024)
+    (tmp_path / "all").write_bytes(every_byte)
+    (tmp_path / "big").write_bytes(big)
+    await sync_in(
+        h,
+        lease,
+        op(
+            mapping(tmp_path / "all", f"{WS}/all"),
+            mapping(tmp_path / "big", f"{WS}/big", mode=0o640),
+        ),
+    )
+    out = tmp_path / "out"
+    result = await sync_out(
+        h,
+        lease,
+        op(mapping(f"{WS}/all", out / "all"), mapping(f"{WS}/big", out / "big", mode=0o644)),
+    )
+    assert result["operations"][0]["bytesTransferred"] == len(every_byte) + len(big)
+    assert (out / "all").read_bytes() == every_byte
+    assert (out / "big").read_bytes() == big
+    assert stat.S_IMODE((out / "all").stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "big").stat().st_mode) == 0o644
+    assert host_temp_leftovers(out) == []
+    requests = await h.emulator.admin.requests()
+    assert not any(r["path"].endswith("/input") for r in requests)
+
+
+async def test_broken_download_leaves_the_old_file_untouched(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    await sh(h, lease, f"head -c 100000 /dev/urandom > {WS}/data")
+    target = tmp_path / "target"
+    target.write_bytes(b"precious")
+    await h.emulator.admin.add_fault("GET", r"/files$", cut_after_bytes=2)
+    with pytest.raises(ProviderError):
+        await sync_out(h, lease, op(mapping(f"{WS}/data", target)))
+    assert target.read_bytes() == b"precious"
+    assert host_temp_leftovers(tmp_path) == []
+
+
+async def test_directory_round_trip_with_exclusions_and_internal_link(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    src = tmp_path / "src"
+    (src / "node_modules" / "dep").mkdir(parents=True)
+    (src / "node_modules" / "dep" / "index.js").write_text("x")
+    (src / "keep").write_text("keep me")
+    (src / "keep").chmod(0o600)
+    (src / "link").symlink_to("keep")
+    result = await sync_in(
+        h, lease, op(mapping(src, f"{WS}/proj", "directory", exclude=["node_modules"]))
+    )
+    assert result["operations"][0]["filesTransferred"] == 1
+    listing = await sh(
+        h, lease, f"cd {WS}/proj && find . | sort && readlink link && stat -c %a keep ."
+    )
+    assert listing["stdout"] == ".\n./keep\n./link\nkeep\n600\n755\n"
+
+    back = tmp_path / "back"
+    result = await sync_out(h, lease, op(mapping(f"{WS}/proj", back, "directory")))
+    assert result["operations"][0]["filesTransferred"] == 1
+    assert sorted(p.name for p in back.iterdir()) == ["keep", "link"]
+    assert (back / "keep").read_text() == "keep me"
+    assert stat.S_IMODE((back / "keep").stat().st_mode) == 0o600
+    assert os.readlink(back / "link") == "keep"
+
+
+async def test_outbound_archive_with_escaping_link_is_refused(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    await sh(h, lease, f"mkdir -p {WS}/evil/sub && ln -s ../../outside {WS}/evil/sub/escape")
+    target = tmp_path / "target"
+    with pytest.raises(ProviderError):
+        await sync_out(h, lease, op(mapping(f"{WS}/evil", target, "directory")))
+    assert not target.exists()
+    assert host_temp_leftovers(tmp_path) == []
+
+
+async def test_outbound_directory_target_that_is_a_symlink_is_refused(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    await sh(h, lease, f"mkdir -p {WS}/d && echo hi > {WS}/d/f")
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "alias").symlink_to(real)
+    with pytest.raises(ProviderError):
+        await sync_out(h, lease, op(mapping(f"{WS}/d", tmp_path / "alias", "directory")))
+    assert list(real.iterdir()) == []
+
+
+async def test_post_upload_commands_run_verbatim_in_order_and_fail_fast(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    (tmp_path / "f").write_text("payload")
+    post = [
+        {"command": "echo first >> order.log", "cwd": WS},
+        {"command": 'echo "second $(cat f)" >> order.log', "cwd": WS},
+        {"command": "exit 3"},
+        {"command": "echo never >> order.log"},
+    ]
+    with pytest.raises(ProviderError, match="exit 3"):
+        await sync_in(
+            h,
+            lease,
+            op(mapping(tmp_path / "f", f"{WS}/f"), post=post),
+            op(mapping(tmp_path / "f", f"{WS}/g"), op_id="op-2"),
+        )
+    log = await sh(h, lease, f"cat {WS}/order.log; ls {WS}")
+    assert log["stdout"] == "first\nsecond payload\nf\norder.log\n"  # op-2 never ran
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/etc/passwd", f"{WS}/../secret", "relative", f"{WS}-other/file", f"{WS}/a/../../etc"],
+)
+async def test_unconfined_sandbox_paths_are_refused_without_http(
+    harness: Harness, tmp_path: Path, target: str
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    (tmp_path / "f").write_text("x")
+    before = await h.request_count()
+    with pytest.raises(RequestRefused):
+        await sync_in(h, lease, op(mapping(tmp_path / "f", target)))
+    with pytest.raises(RequestRefused):
+        await sync_out(h, lease, op(mapping(target, tmp_path / "out")))
+    assert await h.request_count() == before
+
+
+async def test_outbound_post_upload_commands_are_refused(harness: Harness, tmp_path: Path) -> None:
+    lease = await harness.acquire()
+    before = await harness.request_count()
+    with pytest.raises(RequestRefused):
+        await sync_out(
+            harness, lease, op(mapping(f"{WS}/x", tmp_path / "x"), post=[{"command": "true"}])
+        )
+    assert await harness.request_count() == before
+
+
+async def test_follow_symlinks_dereferences_links_inside_the_source(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "real.txt").write_text("inside")
+    (src / "alias.txt").symlink_to("real.txt")
+    await sync_in(h, lease, op(mapping(src, f"{WS}/p", "directory", followSymlinks=True)))
+    check = await sh(h, lease, f"test -L {WS}/p/alias.txt && echo link; cat {WS}/p/alias.txt")
+    assert check["stdout"] == "inside"
+
+
+async def test_follow_symlinks_escape_fails_the_whole_batch(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    (tmp_path / "secret").write_text("host secret")
+    (tmp_path / "safe").write_text("safe")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "escape").symlink_to(tmp_path / "secret")
+    before = await h.request_count()
+    with pytest.raises(RequestRefused, match=r"(?i)link"):
+        await sync_in(
+            h,
+            lease,
+            op(mapping(tmp_path / "safe", f"{WS}/safe")),
+            op(mapping(src, f"{WS}/p", "directory", followSymlinks=True), op_id="op-2"),
+        )
+    assert await h.request_count() == before  # the earlier safe mapping was not uploaded
+
+
+async def test_links_are_archived_without_opening_their_targets(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would block forever
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "to-fifo").symlink_to(fifo)
+    with anyio.fail_after(30):
+        await sync_in(h, lease, op(mapping(src, f"{WS}/p", "directory")))
+    check = await sh(h, lease, f"readlink {WS}/p/to-fifo")
+    assert check["stdout"] == f"{fifo}\n"
