@@ -187,3 +187,19 @@ async def test_a_package_copy_elsewhere_runs_its_own_shim(peer: HostPeer, tmp_pa
     assert info.entrypoint_path == str(root / "shim.mjs")
     assert await peer.call("health", {}) == {"status": "ok"}
     await peer.stop_worker()
+
+
+async def test_sigterm_to_the_shim_is_forwarded_and_the_worker_exits_cleanly(
+    peer: HostPeer,
+) -> None:
+    await peer.start_worker(auto_restart=False)
+    shim_pid = peer.shim_pid()
+    worker_pid = peer.worker_pid()
+    assert shim_pid is not None
+    assert worker_pid is not None
+    seen = len(peer.events)
+    os.kill(shim_pid, signal.SIGTERM)  # what the host's stop escalation sends
+    exit_event = await peer.wait_for_event("exit", after=seen, timeout_s=EXIT_GUARD_S)
+    assert exit_event.raw.get("code") == 0  # the worker's clean exit, passed on by the shim
+    assert exit_event.raw.get("signal") is None
+    assert await wait_until_gone(worker_pid, EXIT_GUARD_S)

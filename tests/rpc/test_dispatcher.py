@@ -10,7 +10,7 @@ import pytest
 from provider.errors import ConfigError, InvalidParams, ProviderError
 from provider.rpc import dispatcher as dispatcher_module
 from provider.rpc.dispatcher import Dispatcher, HostCallError, current_invocation_id
-from tests.rpc.harness import serving
+from tests.rpc.harness import MemoryByteReceiveStream, MemoryByteSendStream, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -408,3 +408,25 @@ async def test_requests_already_read_before_end_of_input_are_still_answered() ->
         second = await host.receive()
     assert first["result"]["ok"] is True
     assert second["result"] == {"status": "ok"}
+
+
+async def test_losing_the_output_stream_winds_the_worker_down() -> None:
+    cleanup_started = anyio.Event()
+
+    async def on_shutdown() -> None:
+        cleanup_started.set()
+
+    dispatcher = Dispatcher({}, on_shutdown=on_shutdown)
+    to_worker_send, to_worker_receive = anyio.create_memory_object_stream[bytes](10)
+    from_worker_send, from_worker_receive = anyio.create_memory_object_stream[bytes](10)
+    from_worker_receive.close()  # the host stopped reading
+    with to_worker_send, to_worker_receive, from_worker_send:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                dispatcher.serve,
+                MemoryByteReceiveStream(to_worker_receive),
+                MemoryByteSendStream(from_worker_send),
+            )
+            await to_worker_send.send(b'{"jsonrpc":"2.0","id":1,"method":"health","params":{}}\n')
+            with anyio.fail_after(10):
+                await cleanup_started.wait()  # started by the failed write, input still open
