@@ -358,6 +358,8 @@ def extract_archive(archive: Path, target_dir: Path, *, mode: int | None) -> int
     tarfile's ``data`` filter; ``target_dir`` gets ``mode`` when one is given. Returns the
     regular-member count.
     """
+    if not hasattr(tarfile, "data_filter"):  # Python 3.11.4+ / 3.12+
+        raise TransferError("this Python's tarfile lacks the 'data' extraction filter")
     with open_validated(archive) as checked:
         if target_dir.is_symlink():
             raise TransferError(f"the sync target {target_dir} is a symbolic link; refused")
