@@ -203,3 +203,39 @@ async def test_sigterm_to_the_shim_is_forwarded_and_the_worker_exits_cleanly(
     assert exit_event.raw.get("code") == 0  # the worker's clean exit, passed on by the shim
     assert exit_event.raw.get("signal") is None
     assert await wait_until_gone(worker_pid, EXIT_GUARD_S)
+
+
+def _streaming_package(tmp_path: Path) -> Path:
+    root = _package_copy(tmp_path)
+    (root / "provider").unlink()
+    (root / "provider").mkdir()
+    (root / "provider" / "__init__.py").write_text(
+        f"__path__.append({str(REPO_ROOT / 'provider')!r})\n"
+    )
+    shutil.copy(Path(__file__).with_name("streaming_worker.py"), root / "provider" / "__main__.py")
+    return root
+
+
+async def test_live_output_reaches_the_host_tagged_with_the_invocation_id(
+    peer: HostPeer, tmp_path: Path
+) -> None:
+    root = _streaming_package(tmp_path)
+    await peer.start_worker(package_root=root)
+    live: list[tuple[str, str]] = []
+    params = {
+        "driverKey": "createos",
+        "companyId": "company-1",
+        "environmentId": "env-1",
+        "config": {},
+        "lease": {"providerLeaseId": "sb_1", "metadata": {}},
+        "command": "echo",
+        "chunks": ["one\n", "two ✓\n"],
+    }
+    result = await peer.call(
+        "environmentExecute", params, on_log=lambda stream, chunk: live.append((stream, chunk))
+    )
+    # The host only forwards execute.log whose paperclipInvocationId names this open call.
+    assert live == [("stdout", "one\n"), ("stdout", "two ✓\n"), ("stderr", "warn\n")]
+    assert result["stdout"] == "one\ntwo ✓\n"
+    assert isinstance(result["metadata"]["invocationId"], str)
+    await peer.stop_worker()
