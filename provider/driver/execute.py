@@ -16,7 +16,7 @@ import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -29,6 +29,16 @@ from provider.driver.shell import build_wrapper_script, validate_env
 from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError
 
 OutputSink = Callable[[str, str], Awaitable[None]]
+
+
+class ProcessRecord(Protocol):
+    """Where started processes are recorded until they are known to have ended (the journal)."""
+
+    async def started(self, process_id: str) -> None: ...
+
+    async def ended(self, process_id: str) -> None: ...
+
+
 GATE_POLL_SECONDS = 0.05
 KILL_GRACE_MS = 1000
 MAX_TIMEOUT_MS = 86_400_000
@@ -105,6 +115,7 @@ async def run_command(
     *,
     on_output: OutputSink | None,
     cleanup_timeout: float,
+    record: ProcessRecord | None = None,
 ) -> dict[str, Any]:
     """Run ``spec`` to completion or deadline; see the module docstring for the guarantees."""
     check_command(spec)
@@ -124,11 +135,11 @@ async def run_command(
     try:
         with anyio.move_on_after(spec.timeout) as timer:
             await _start_and_follow(
-                client, sandbox_id, spec, script, gate, stdin_path, run, on_output
+                client, sandbox_id, spec, script, gate, stdin_path, run, on_output, record
             )
         await run.flush(on_output)
     finally:
-        await _cleanup(client, sandbox_id, run, gate, stdin_path, cleanup_timeout)
+        await _cleanup(client, sandbox_id, run, gate, stdin_path, cleanup_timeout, record)
     if run.exit is None:
         assert timer.cancelled_caught
         return {
@@ -157,6 +168,7 @@ async def _start_and_follow(
     stdin_path: str | None,
     run: _Run,
     on_output: OutputSink | None,
+    record: ProcessRecord | None,
 ) -> None:
     if stdin_path is not None and spec.stdin is not None:
         await client.put_file(sandbox_id, stdin_path, spec.stdin.encode("utf-8"))
@@ -171,6 +183,8 @@ async def _start_and_follow(
         raise
     run.process_id = view.process_id
     run.creation_unknown = False
+    if record is not None:
+        await record.started(view.process_id)
 
     async def open_gate() -> None:
         with contextlib.suppress(Conflict, NotFound):
@@ -193,6 +207,7 @@ async def _cleanup(
     gate: str,
     stdin_path: str | None,
     cleanup_timeout: float,
+    record: ProcessRecord | None,
 ) -> None:
     """Kill the tree if it may still run, then remove the gate and stdin files (3.8)."""
     confirmed = not run.creation_unknown
@@ -201,6 +216,8 @@ async def _cleanup(
             if run.process_id is not None and run.exit is None:
                 confirmed = False  # stays False if the deadline ends the kill
                 confirmed = await _kill_tree(client, sandbox_id, run.process_id)
+            if confirmed and record is not None and run.process_id is not None:
+                await record.ended(run.process_id)
         with anyio.move_on_after(cleanup_timeout):
             leftovers = [gate] + ([stdin_path] if stdin_path else [])
             with contextlib.suppress(ProviderError):

@@ -17,7 +17,9 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import APIStatusError, NotFound, RateLimited
+from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams, LeaseIdParams, LeaseParams
+from provider.driver.recovery import recover_orphans
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -47,9 +49,10 @@ async def acquire(runtime: DriverRuntime, params: AcquireParams) -> dict[str, An
             "requestedExpiresAt cannot be honoured."
         )
     call = bind_call(runtime, params)
+    await recover_orphans(runtime, call)
     async with runtime.client_factory(call.config, call.api_key) as client:
         with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
-            sandbox_id, marker = await provision_sandbox(client, call)
+            sandbox_id, marker = await provision_sandbox(client, call, runtime.journal)
     return {
         "providerLeaseId": sandbox_id,
         "metadata": lease_metadata(call, marker),
@@ -74,13 +77,36 @@ def lease_metadata(call: BoundCall, marker: str) -> dict[str, Any]:
     }
 
 
-async def provision_sandbox(client: CreateOSClient, call: BoundCall) -> tuple[str, str]:
+async def provision_sandbox(
+    client: CreateOSClient, call: BoundCall, journal: LeaseJournal
+) -> tuple[str, str]:
     """Create a sandbox, bring it to ``running`` and prepare the workspace and marker.
 
     Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
-    (under a fresh, shielded deadline) before the error propagates.
+    (under a fresh, shielded deadline) before the error propagates. The create's name token is
+    journaled until the outcome is settled, so a worker crash in between cannot leak it.
     """
-    sandbox_id = await create_sandbox(client, call)
+    token = f"pc-{uuid.uuid4()}"
+    key_hash = call.scope("").key_hash
+    await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
+    settled = False
+    try:
+        sandbox_id, marker = await _provision(client, call, token)
+        settled = True
+        return sandbox_id, marker
+    except CleanupUnconfirmed:
+        raise  # keep the journal entry: the next call retries the cleanup
+    except BaseException:
+        settled = True
+        raise
+    finally:
+        if settled:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(journal.remove_create, token)
+
+
+async def _provision(client: CreateOSClient, call: BoundCall, token: str) -> tuple[str, str]:
+    sandbox_id = await create_sandbox(client, call, token)
     try:
         await transition(client, sandbox_id, "running")
         prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", f"mkdir -p -- '{ROOT}'"])
@@ -97,9 +123,8 @@ async def provision_sandbox(client: CreateOSClient, call: BoundCall) -> tuple[st
     return sandbox_id, marker
 
 
-async def create_sandbox(client: CreateOSClient, call: BoundCall) -> str:
+async def create_sandbox(client: CreateOSClient, call: BoundCall, token: str) -> str:
     """POST the sandbox; when the outcome is unknown, find it by its name token and delete it."""
-    token = f"pc-{uuid.uuid4()}"
     config = call.config
     try:
         return await client.create_sandbox(
@@ -170,6 +195,8 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
     call = bind_call(runtime, params)
     metadata = params.leaseMetadata or {}
     scope = owned_scope(call, params.providerLeaseId, metadata)
+    await recover_orphans(runtime, call)
+    await runtime.load_poison(scope)
     runtime.tracker.check_usable(scope, "resume this lease")
     sandbox_id = scope.lease_id
     marker = metadata.get("marker")
@@ -214,6 +241,8 @@ async def release(
         return None
     call = bind_call(runtime, params)
     scope = owned_scope(call, params.providerLeaseId, params.leaseMetadata)
+    await recover_orphans(runtime, call)
+    await runtime.load_poison(scope)
     sandbox_id = scope.lease_id
     verb = "destroyed" if destroy else "released"
     async with (
@@ -223,7 +252,7 @@ async def release(
         if destroy or not call.config.reuse_lease:
             with deadline(call.timeout, "Deleting the CreateOS sandbox"):
                 await delete_sandbox_confirmed(client, sandbox_id)
-            runtime.tracker.clear_unconfirmed(scope)
+            await runtime.clear_poison(scope)
             return {"providerLeaseId": sandbox_id, "state": "destroyed"}
         if runtime.tracker.is_unconfirmed(scope):
             raise RequestRefused(

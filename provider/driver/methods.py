@@ -38,10 +38,11 @@ _service: DriverService | None = None
 def _service_for(notify: Notify, log: Log) -> DriverService:
     global _service
     if _service is None:
+        from provider.driver.journal import open_journal
         from provider.driver.runtime import DriverRuntime
         from provider.driver.service import DriverService
 
-        _service = DriverService(DriverRuntime(), notify=notify, log=log)
+        _service = DriverService(DriverRuntime(journal=open_journal()), notify=notify, log=log)
     return _service
 
 

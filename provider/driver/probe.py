@@ -14,6 +14,7 @@ import anyio
 from provider.driver.execute import CommandSpec, run_command
 from provider.driver.leases import provision_sandbox
 from provider.driver.params import CallParams
+from provider.driver.recovery import recover_orphans
 from provider.driver.runtime import ROOT, DriverRuntime, bind_call, deadline
 from provider.driver.sandbox_ops import delete_sandbox_confirmed
 from provider.errors import CleanupUnconfirmed, ProviderError
@@ -28,12 +29,13 @@ async def probe(runtime: DriverRuntime, params: CallParams) -> dict[str, Any]:
         call = bind_call(runtime, params)
     except ProviderError as exc:
         return {"ok": False, "summary": str(exc)}
+    await recover_orphans(runtime, call)
     sandbox_id: str | None = None
     async with runtime.client_factory(call.config, call.api_key) as client:
         try:
             budget = min(call.timeout, PROBE_DEADLINE_CAP)
             with deadline(budget, "The CreateOS probe"):
-                sandbox_id, _marker = await provision_sandbox(client, call)
+                sandbox_id, _marker = await provision_sandbox(client, call, runtime.journal)
                 result = await run_command(
                     client,
                     sandbox_id,

@@ -19,6 +19,7 @@ from provider.config import EnvironmentConfig, parse_config, resolve_api_key
 from provider.createos.client import CreateOSClient
 from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
+from provider.driver.journal import LeaseJournal
 from provider.driver.params import CallParams
 from provider.driver.tracker import LeaseTracker, ScopeKey
 from provider.errors import ProviderError, RequestRefused
@@ -38,6 +39,22 @@ class DriverRuntime:
     tracker: LeaseTracker = field(default_factory=LeaseTracker)
     client_factory: ClientFactory = default_client_factory
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    journal: LeaseJournal = field(default_factory=lambda: LeaseJournal(None))
+
+    async def load_poison(self, scope: ScopeKey) -> None:
+        """Take over a poison mark a previous (crashed) worker left in the journal."""
+        if not self.tracker.is_unconfirmed(scope) and await anyio.to_thread.run_sync(
+            self.journal.is_unconfirmed, scope
+        ):
+            self.tracker.mark_unconfirmed(scope)
+
+    async def poison(self, scope: ScopeKey) -> None:
+        self.tracker.mark_unconfirmed(scope)
+        await anyio.to_thread.run_sync(self.journal.mark_unconfirmed, scope)
+
+    async def clear_poison(self, scope: ScopeKey) -> None:
+        self.tracker.clear_unconfirmed(scope)
+        await anyio.to_thread.run_sync(self.journal.clear_unconfirmed, scope)
 
 
 @dataclass(frozen=True)

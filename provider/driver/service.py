@@ -8,12 +8,16 @@ execute and sync logic. It knows nothing of JSON-RPC framing; the functions it i
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+import anyio
 
 from provider.config import validate_config
 from provider.driver import leases
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
+from provider.driver.journal import LeaseJournal
 from provider.driver.output import LiveBudget, split_chunks
 from provider.driver.params import (
     AcquireParams,
@@ -25,6 +29,7 @@ from provider.driver.params import (
     decode_params,
 )
 from provider.driver.probe import probe
+from provider.driver.recovery import recover_orphans
 from provider.driver.runtime import DriverRuntime, bind_call, deadline, owned_scope
 from provider.driver.sync import SyncSession
 from provider.driver.sync_plan import Direction, plan_sync
@@ -96,6 +101,8 @@ class DriverService:
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
         scope = owned_scope(call, p.lease.providerLeaseId, p.lease.metadata)
+        await recover_orphans(self.runtime, call)
+        await self.runtime.load_poison(scope)
         timeout = (
             call.timeout
             if p.timeoutMs is None
@@ -118,15 +125,16 @@ class DriverService:
         async with (
             self.runtime.tracker.track(scope, "command"),
             self.runtime.client_factory(call.config, call.api_key) as client,
+            self._poison_on_unconfirmed(scope),
         ):
-            with self._poison_on_unconfirmed(scope):
-                return await run_command(
-                    client,
-                    scope.lease_id,
-                    spec,
-                    on_output=send_live,
-                    cleanup_timeout=call.timeout,
-                )
+            return await run_command(
+                client,
+                scope.lease_id,
+                spec,
+                on_output=send_live,
+                cleanup_timeout=call.timeout,
+                record=JournaledProcesses(self.runtime.journal, scope),
+            )
 
     # -- sync --------------------------------------------------------------------------------
 
@@ -141,6 +149,8 @@ class DriverService:
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
         scope = owned_scope(call, p.lease.providerLeaseId, p.lease.metadata)
+        await recover_orphans(self.runtime, call)
+        await self.runtime.load_poison(scope)
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
         async with (
@@ -148,29 +158,40 @@ class DriverService:
             self.runtime.client_factory(call.config, call.api_key) as client,
         ):
             session = SyncSession(
-                client, scope.lease_id, cleanup_timeout=call.timeout, log=self.log
+                client,
+                scope.lease_id,
+                cleanup_timeout=call.timeout,
+                log=self.log,
+                journal=self.runtime.journal,
             )
-            with self._poison_on_unconfirmed(scope), deadline(call.timeout, "The file sync"):
-                if direction == "in":
-                    results = await session.sync_in(planned)
-                else:
-                    results = await session.sync_out(planned)
+            async with self._poison_on_unconfirmed(scope):
+                with deadline(call.timeout, "The file sync"):
+                    if direction == "in":
+                        results = await session.sync_in(planned)
+                    else:
+                        results = await session.sync_out(planned)
         return {"operations": results}
 
-    def _poison_on_unconfirmed(self, scope: ScopeKey) -> _Poison:
-        return _Poison(self.runtime, scope)
+    @asynccontextmanager
+    async def _poison_on_unconfirmed(self, scope: ScopeKey) -> AsyncIterator[None]:
+        """Poison the lease (memory and journal) when CleanupUnconfirmed leaves the block."""
+        try:
+            yield
+        except CleanupUnconfirmed:
+            with anyio.CancelScope(shield=True):
+                await self.runtime.poison(scope)
+            raise
 
 
-class _Poison:
-    """Mark the lease unconfirmed when a CleanupUnconfirmed error leaves the block."""
+class JournaledProcesses:
+    """Records a lease's started processes in the journal until they are known to have ended."""
 
-    def __init__(self, runtime: DriverRuntime, scope: ScopeKey) -> None:
-        self.runtime = runtime
+    def __init__(self, journal: LeaseJournal, scope: ScopeKey) -> None:
+        self.journal = journal
         self.scope = scope
 
-    def __enter__(self) -> None:
-        return None
+    async def started(self, process_id: str) -> None:
+        await anyio.to_thread.run_sync(self.journal.add_process, self.scope, process_id)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        if exc_type is not None and issubclass(exc_type, CleanupUnconfirmed):
-            self.runtime.tracker.mark_unconfirmed(self.scope)
+    async def ended(self, process_id: str) -> None:
+        await anyio.to_thread.run_sync(self.journal.remove_process, process_id)

@@ -22,6 +22,7 @@ from provider.createos.client import CreateOSClient
 from provider.driver import shell
 from provider.driver.archive import build_directory_archive, extract_archive
 from provider.driver.execute import CommandSpec, run_command
+from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import ROOT
 from provider.driver.sync_plan import FileMapping, PlannedOperation
 from provider.errors import ProviderError, TransferError
@@ -42,11 +43,26 @@ class SyncSession:
         *,
         cleanup_timeout: float,
         log: LogSink | None,
+        journal: LeaseJournal | None = None,
     ) -> None:
         self.client = client
         self.sandbox_id = sandbox_id
         self.cleanup_timeout = cleanup_timeout
         self.log = log
+        self.journal = journal
+
+    async def _new_workdir(self, parent: Path | None) -> Path:
+        """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
+        workdir: Path = await anyio.to_thread.run_sync(_make_workdir, parent)
+        if self.journal is not None:
+            await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
+        return workdir
+
+    async def _drop_workdir(self, workdir: Path) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+            if self.journal is not None:
+                await anyio.to_thread.run_sync(self.journal.remove_tempdir, workdir)
 
     async def sync_in(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
         results = []
@@ -77,7 +93,7 @@ class SyncSession:
 
     async def _upload(self, mapping: FileMapping) -> tuple[int, int]:
         scratch = f"/tmp/paperclip-createos-transfer-{uuid.uuid4().hex}"
-        workdir = Path(tempfile.mkdtemp(prefix=".paperclip-createos-"))
+        workdir = await self._new_workdir(None)
         try:
             if mapping.kind == "directory":
                 data = workdir / "data"
@@ -103,7 +119,7 @@ class SyncSession:
             await self._control(script, f"Placing {mapping.sandbox_path}")
             return files, size
         finally:
-            await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+            await self._drop_workdir(workdir)
             await self._remove_scratch(scratch)
 
     async def _put_with_progress(
@@ -145,7 +161,8 @@ class SyncSession:
         workdir: Path | None = None
         try:
             await self._control(script, f"Packing {mapping.sandbox_path}")
-            workdir = await anyio.to_thread.run_sync(_make_download_dir, target)
+            await anyio.to_thread.run_sync(lambda: target.parent.mkdir(parents=True, exist_ok=True))
+            workdir = await self._new_workdir(target.parent)
             data = workdir / "data"
             size = await self._get_to_file(scratch, data, file_mode, mapping)
             if mapping.kind == "directory":
@@ -158,7 +175,7 @@ class SyncSession:
             return files, size
         finally:
             if workdir is not None:
-                await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
+                await self._drop_workdir(workdir)
             await self._remove_scratch(scratch)
 
     async def _get_to_file(self, scratch: str, data: Path, mode: int, mapping: FileMapping) -> int:
@@ -234,9 +251,8 @@ def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any
     }
 
 
-def _make_download_dir(target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=".paperclip-createos-", dir=target.parent))
+def _make_workdir(parent: Path | None) -> Path:
+    return Path(tempfile.mkdtemp(prefix=".paperclip-createos-", dir=parent))
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -56,8 +56,12 @@ async def plan_sync(
         for op in planned:
             for mapping in op.mappings:
                 if mapping.kind == "directory" and mapping.follow_symlinks:
-                    await anyio.to_thread.run_sync(check_follow_symlinks, mapping.host_path)
+                    await anyio.to_thread.run_sync(_check_links, mapping)
     return planned
+
+
+def _check_links(mapping: FileMapping) -> None:
+    check_follow_symlinks(mapping.host_path, exclude=mapping.exclude)
 
 
 def _plan_operation(op: SyncOperation, direction: Direction, index: int) -> PlannedOperation:

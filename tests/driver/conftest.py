@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
+from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService as DriverMethods
 from provider.emulator import Emulator
@@ -81,8 +83,9 @@ class Harness:
 
 
 @pytest.fixture
-async def harness(emulator: Emulator) -> AsyncIterator[Harness]:
-    runtime = DriverRuntime(client_factory=unpaced_client, environ={})
+async def harness(emulator: Emulator, tmp_path: Path) -> AsyncIterator[Harness]:
+    journal = LeaseJournal(tmp_path / "state" / "leases.sqlite3")
+    runtime = DriverRuntime(client_factory=unpaced_client, environ={}, journal=journal)
     notifications: list[tuple[str, dict[str, Any]]] = []
     logs: list[tuple[str, str]] = []
 

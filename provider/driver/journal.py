@@ -1,0 +1,216 @@
+"""Durable lease state: what must survive a crashed or restarted worker.
+
+Upstream keeps this only in memory, so a worker restart forgets that a lease is poisoned or that
+a command was running. We journal it in a small SQLite database (stdlib ``sqlite3``, WAL mode,
+safe for several worker processes at once) in the worker's state folder:
+
+- ``unconfirmed``: leases whose cleanup could not be confirmed (refused until destroyed);
+- ``processes``: managed processes started and not yet seen to end, with their owner;
+- ``creates``: sandbox creates in flight (name token), so an acquire cut short by a crash is
+  found and deleted later;
+- ``tempdirs``: host temp folders of file transfers in flight.
+
+Entries carry an *owner* (pid + process start time). An entry whose owner is no longer alive was
+left by a crashed worker: the next call that carries the same API origin and key cleans it up
+(see :mod:`provider.driver.recovery`).
+
+The state folder is ``$XDG_STATE_HOME/paperclip-createos`` when that variable is set, else
+``.state/`` inside the plugin's own directory (the host gives the worker no HOME). Resetting it
+is deleting that folder while no worker runs. No secret is stored: API keys appear only as
+SHA-256 hashes. All methods are blocking; callers run them in worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from provider.driver.tracker import ScopeKey
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS unconfirmed (
+  company_id TEXT, environment_id TEXT, api_url TEXT, key_hash TEXT, lease_id TEXT,
+  PRIMARY KEY (company_id, environment_id, api_url, key_hash, lease_id));
+CREATE TABLE IF NOT EXISTS processes (
+  process_id TEXT PRIMARY KEY, company_id TEXT, environment_id TEXT, api_url TEXT,
+  key_hash TEXT, lease_id TEXT, owner TEXT);
+CREATE TABLE IF NOT EXISTS creates (
+  token TEXT PRIMARY KEY, api_url TEXT, key_hash TEXT, owner TEXT);
+CREATE TABLE IF NOT EXISTS tempdirs (path TEXT PRIMARY KEY, owner TEXT);
+"""
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_STATE_HOME", "").strip()
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "paperclip-createos"
+    return Path(__file__).resolve().parents[2] / ".state"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks
+
+
+def current_owner() -> str:
+    return f"{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(owner: str) -> bool:
+    pid_text, _, started = owner.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    return _start_time(pid) == started
+
+
+@dataclass(frozen=True)
+class OrphanProcess:
+    process_id: str
+    scope: ScopeKey
+
+
+class LeaseJournal:
+    """The journal described in the module docstring; ``path=None`` keeps it in memory."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.owner = current_owner()
+        self._lock = threading.Lock()
+        if path is not None:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            ":memory:" if path is None else str(path), timeout=10.0, check_same_thread=False
+        )
+        with self._tx() as db:
+            if path is not None:
+                db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+        if path is not None:
+            path.chmod(0o600)
+
+    @classmethod
+    def open_default(cls, environ: Mapping[str, str] | None = None) -> LeaseJournal:
+        return cls(default_state_dir(environ) / "leases.sqlite3")
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._db:
+            yield self._db
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- poisoned leases ---------------------------------------------------------------------
+
+    def mark_unconfirmed(self, scope: ScopeKey) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO unconfirmed VALUES (?,?,?,?,?)", _scope_row(scope))
+
+    def clear_unconfirmed(self, scope: ScopeKey) -> None:
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM unconfirmed WHERE company_id=? AND environment_id=? AND api_url=?"
+                " AND key_hash=? AND lease_id=?",
+                _scope_row(scope),
+            )
+
+    def is_unconfirmed(self, scope: ScopeKey) -> bool:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT 1 FROM unconfirmed WHERE company_id=? AND environment_id=? AND api_url=?"
+                " AND key_hash=? AND lease_id=?",
+                _scope_row(scope),
+            ).fetchone()
+        return row is not None
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def add_process(self, scope: ScopeKey, process_id: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO processes VALUES (?,?,?,?,?,?,?)",
+                (process_id, *_scope_row(scope), self.owner),
+            )
+
+    def remove_process(self, process_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM processes WHERE process_id=?", (process_id,))
+
+    def orphan_processes(self, api_url: str, key_hash: str) -> list[OrphanProcess]:
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT process_id, company_id, environment_id, lease_id, owner FROM processes"
+                " WHERE api_url=? AND key_hash=?",
+                (api_url, key_hash),
+            ).fetchall()
+        return [
+            OrphanProcess(pid, ScopeKey(company, env, api_url, key_hash, lease))
+            for pid, company, env, lease, owner in rows
+            if not owner_alive(owner)
+        ]
+
+    # -- sandbox creates ---------------------------------------------------------------------
+
+    def add_create(self, api_url: str, key_hash: str, token: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO creates VALUES (?,?,?,?)",
+                (token, api_url, key_hash, self.owner),
+            )
+
+    def remove_create(self, token: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM creates WHERE token=?", (token,))
+
+    def orphan_creates(self, api_url: str, key_hash: str) -> list[str]:
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT token, owner FROM creates WHERE api_url=? AND key_hash=?",
+                (api_url, key_hash),
+            ).fetchall()
+        return [token for token, owner in rows if not owner_alive(owner)]
+
+    # -- host temp folders -------------------------------------------------------------------
+
+    def add_tempdir(self, path: Path) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO tempdirs VALUES (?,?)", (str(path), self.owner))
+
+    def remove_tempdir(self, path: Path) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM tempdirs WHERE path=?", (str(path),))
+
+    def orphan_tempdirs(self) -> list[Path]:
+        with self._tx() as db:
+            rows = db.execute("SELECT path, owner FROM tempdirs").fetchall()
+        return [Path(path) for path, owner in rows if not owner_alive(owner)]
+
+
+def open_journal(environ: Mapping[str, str] | None = None) -> LeaseJournal:
+    """The durable journal in the default state folder; in memory (with a warning on stderr)
+    when that folder cannot be used, so a read-only install still serves."""
+    try:
+        return LeaseJournal.open_default(environ)
+    except (OSError, sqlite3.Error) as exc:
+        print(
+            f"paperclip-createos: lease state is kept in memory only ({type(exc).__name__}: "
+            "the state folder is not writable); set XDG_STATE_HOME to a writable folder.",
+            file=sys.stderr,
+        )
+        return LeaseJournal(None)
+
+
+def _scope_row(scope: ScopeKey) -> tuple[str, str, str, str, str]:
+    return (scope.company_id, scope.environment_id, scope.api_url, scope.key_hash, scope.lease_id)

@@ -1,0 +1,78 @@
+"""Cleaning up after a crashed worker, from what the journal recorded.
+
+``recover_orphans`` runs at the start of every call that carries an environment config. For the
+call's API origin and key it finds journal entries whose owner process is gone: managed processes
+that may still run (their tree is killed; if that cannot be confirmed the lease is poisoned),
+sandbox creates that never finished (the sandbox carrying the name token is deleted), and host
+temp folders of interrupted transfers (removed). Nothing happens, and no HTTP request is made,
+when the journal holds no orphan for that origin and key.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.createos.errors import NotFound
+from provider.driver.journal import LeaseJournal
+from provider.driver.runtime import BoundCall, DriverRuntime
+from provider.driver.sandbox_ops import delete_sandbox_confirmed
+from provider.errors import ProviderError
+
+RECOVERY_BUDGET = 30.0
+
+
+async def recover_orphans(runtime: DriverRuntime, call: BoundCall) -> None:
+    journal = runtime.journal
+    key_hash = call.scope("").key_hash
+    processes = await anyio.to_thread.run_sync(
+        journal.orphan_processes, call.config.api_url, key_hash
+    )
+    creates = await anyio.to_thread.run_sync(journal.orphan_creates, call.config.api_url, key_hash)
+    tempdirs = await anyio.to_thread.run_sync(journal.orphan_tempdirs)
+    for path in tempdirs:
+        await anyio.to_thread.run_sync(_remove_tempdir, journal, path)
+    if not processes and not creates:
+        return
+    async with runtime.client_factory(call.config, call.api_key) as client:
+        with anyio.move_on_after(RECOVERY_BUDGET):
+            for orphan in processes:
+                killed = await _kill(client, orphan.scope.lease_id, orphan.process_id)
+                if killed:
+                    await anyio.to_thread.run_sync(journal.remove_process, orphan.process_id)
+                else:
+                    runtime.tracker.mark_unconfirmed(orphan.scope)
+                    await anyio.to_thread.run_sync(journal.mark_unconfirmed, orphan.scope)
+            if creates:
+                await _reap_creates(client, journal, set(creates))
+
+
+async def _kill(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:
+    try:
+        view = await client.delete_process(sandbox_id, process_id, grace_ms=1000)
+    except NotFound:
+        return True  # the process or its whole sandbox is gone
+    except ProviderError:
+        return False
+    return view.tree_exited
+
+
+async def _reap_creates(client: CreateOSClient, journal: LeaseJournal, tokens: set[str]) -> None:
+    try:
+        views = await client.list_sandboxes()
+        for view in views:
+            if view.name in tokens:
+                await delete_sandbox_confirmed(client, view.id)
+    except ProviderError:
+        return  # try again on the next call
+    for token in tokens:
+        await anyio.to_thread.run_sync(journal.remove_create, token)
+
+
+def _remove_tempdir(journal: LeaseJournal, path: Path) -> None:
+    if path.name.startswith(".paperclip-createos-"):
+        shutil.rmtree(path, ignore_errors=True)
+    journal.remove_tempdir(path)
