@@ -6,6 +6,7 @@ Sizes count Python characters (code points); upstream counts UTF-16 units (docum
 from __future__ import annotations
 
 import codecs
+from collections import deque
 
 DEFAULT_TAIL_LIMIT = 4 * 1024 * 1024  # characters kept per stream (spec 3.7)
 LIVE_CHUNK_MAX = 500_000  # characters per execute.log notification
@@ -13,38 +14,58 @@ LIVE_BUDGET = 128 * 1024 * 1024  # characters of live chunks per execute call
 
 
 class TailBuffer:
-    """Keeps the last ``limit`` characters appended.
+    """Keeps the last ``limit`` characters appended, in O(1) amortized time and bounded memory.
 
-    Appends are amortized O(1): pieces are kept in a list and compacted to the last ``limit``
-    characters once more than ``2 * limit`` are held, so memory stays within about twice the limit
-    however much is appended. A single append of ``limit`` or more replaces everything.
+    Appended text is queued without copying; small appends are first gathered and joined into
+    one piece of about ``SMALL_RUN`` characters, so a stream of tiny frames cannot pile up
+    millions of string objects. Whole pieces leave the front once the rest still covers
+    ``limit`` characters, so at most ``limit`` plus one piece (under ``2 * limit``) is held.
+    A single append of ``limit`` or more replaces everything. Only :meth:`getvalue` joins it all.
     """
+
+    SMALL_RUN = 65536  # characters of small appends joined into one piece
+    SMALL_PIECES = 256  # ... or this many small appends, whichever comes first
 
     def __init__(self, limit: int = DEFAULT_TAIL_LIMIT) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         self._limit = limit
-        self._pieces: list[str] = []
-        self._held = 0
+        self._small = max(1, min(self.SMALL_RUN, limit // 8))
+        self._pieces: deque[str] = deque()  # sealed pieces, oldest first
+        self._run: list[str] = []  # small appends not yet joined (the newest text)
+        self._run_len = 0
+        self._held = 0  # characters in _pieces and _run
         self._total = 0
 
     def append(self, text: str) -> None:
-        if not text:
+        size = len(text)
+        if not size:
             return
-        self._total += len(text)
-        if len(text) >= self._limit:
-            self._pieces = [text[-self._limit :]]
+        self._total += size
+        if size >= self._limit:
+            self._pieces = deque((text[-self._limit :],))
+            self._run.clear()
+            self._run_len = 0
             self._held = self._limit
             return
-        self._pieces.append(text)
-        self._held += len(text)
-        if self._held > 2 * self._limit:
-            self._compact()
+        self._held += size
+        if size >= self._small:
+            self._seal_run()
+            self._pieces.append(text)
+        else:
+            self._run.append(text)
+            self._run_len += size
+            if self._run_len >= self._small or len(self._run) >= self.SMALL_PIECES:
+                self._seal_run()
+        pieces = self._pieces
+        while pieces and self._held - len(pieces[0]) >= self._limit:
+            self._held -= len(pieces.popleft())
 
-    def _compact(self) -> None:
-        joined = "".join(self._pieces)[-self._limit :]
-        self._pieces = [joined] if joined else []
-        self._held = len(joined)
+    def _seal_run(self) -> None:
+        if self._run:
+            self._pieces.append("".join(self._run))
+            self._run.clear()
+            self._run_len = 0
 
     @property
     def truncated(self) -> bool:
@@ -53,7 +74,7 @@ class TailBuffer:
 
     @property
     def held(self) -> int:
-        """Characters currently held (at most ``2 * limit``)."""
+        """Characters currently held (under ``2 * limit``)."""
         return self._held
 
     @property
@@ -62,8 +83,11 @@ class TailBuffer:
         return self._total
 
     def getvalue(self) -> str:
-        self._compact()
-        return self._pieces[0] if self._pieces else ""
+        self._seal_run()
+        joined = "".join(self._pieces)[-self._limit :]
+        self._pieces = deque((joined,)) if joined else deque()
+        self._held = len(joined)
+        return joined
 
 
 class StreamDecoder:

@@ -84,12 +84,24 @@ def test_tail_memory_stays_within_twice_the_limit() -> None:
         tail.append(piece[: 4000 + counter % 96])
         total += 4000 + counter % 96
         peak = max(peak, tail.held)
-        held_chars = sum(len(p) for p in tail._pieces)
+        held_chars = sum(len(p) for p in tail._pieces) + sum(len(p) for p in tail._run)
         assert held_chars == tail.held
     assert peak <= 2 * limit
     assert tail.total == total
     assert tail.truncated
     assert len(tail.getvalue()) == limit
+
+
+def test_tail_of_tiny_appends_holds_few_string_objects() -> None:
+    limit = 4 * 1024 * 1024
+    tail = TailBuffer(limit)
+    for i in range(3 * limit // 2):  # 6 Mi one-character frames (a progress dot per frame)
+        tail.append("ab"[i % 2])
+    # Each small run is joined into one piece: a few thousand objects, not millions.
+    assert len(tail._pieces) + len(tail._run) <= limit // TailBuffer.SMALL_PIECES + 257
+    assert tail.held < 2 * limit
+    value = tail.getvalue()
+    assert len(value) == limit and value.startswith("ab") and value.endswith("ab")
 
 
 def test_decoder_joins_a_character_split_across_feeds() -> None:
