@@ -78,7 +78,7 @@ def initialize_request_id(line: bytes) -> int | str | None:
     """The id of ``line`` when it is a well-formed ``initialize`` request, else ``None``."""
     try:
         message: Any = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
         return None
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         return None

@@ -152,6 +152,8 @@ def decode_line(line: bytes) -> Message:
         raw = msgspec.json.decode(line)
     except msgspec.DecodeError:
         return Invalid(PARSE_ERROR, "Parse error: line is not valid JSON", None)
+    except RecursionError:  # nesting deeper than the interpreter's recursion limit
+        return Invalid(PARSE_ERROR, "Parse error: JSON nested too deeply", None)
     return classify(raw)
 
 
