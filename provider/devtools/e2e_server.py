@@ -1,0 +1,422 @@
+"""The full Paperclip server (host-protocol.md 9.2) on a throwaway PostgreSQL, driven by its CLI.
+
+``PaperclipServer`` installs Node 24 + ``paperclipai``/``@paperclipai/server`` 2026.916.1
+(``host/e2e/install-host.sh``, cached), starts a PostgreSQL cluster (``host/e2e/postgres.sh``),
+generates the instance config with ``test-drive``, points it at that database with telemetry and
+update checks off, starts ``paperclipai run`` on a free loopback port and waits for
+``/api/health``. Everything it writes lives under ``work_dir``; the caller deletes that folder::
+
+    async with PaperclipServer(tmp / "paperclip", secrets=[api_key]) as server:
+        plugins = (await server.cli("plugin", "list", "--json")).json()
+    assert server.leftover_pids == []
+
+Stopping: SIGTERM to the server (SIGKILL to its process group after 30 s), then a fast
+PostgreSQL shutdown. ``leftover_pids`` lists any process of ours that had to be killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Final, Self
+
+import anyio
+import anyio.abc
+import httpx
+
+from provider.devtools.host_peer import child_pids, cmdline, pid_alive, wait_until_gone
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+E2E_DIR: Final = REPO_ROOT / "host" / "e2e"
+PAPERCLIP_VERSION: Final = "2026.916.1"
+SERVER_STOP_S: Final = 30.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SCRUBBED = ("DATABASE_URL", "DATABASE_MIGRATION_URL", "HOST", "PORT", "SERVE_UI", "NODE_OPTIONS")
+
+
+class E2EError(RuntimeError):
+    """Installing, starting or driving the full server failed (message redacted)."""
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """One ``paperclipai`` run: exit status and the decoded output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (callers retry on a lost race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first, then theirs)."""
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = [child for parent in frontier for child in child_pids(parent)]
+        found.extend(children)
+        frontier = children
+    return found
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+async def ensure_host_installed(host_dir: Path | None = None) -> Path:
+    """Run ``host/e2e/install-host.sh`` (idempotent); returns the install folder."""
+    env = dict(os.environ)
+    if host_dir is not None:
+        env["PAPERCLIP_HOST_CACHE"] = str(host_dir)
+    result = await anyio.run_process(
+        ["bash", str(E2E_DIR / "install-host.sh")], env=env, check=False, stderr=subprocess.PIPE
+    )
+    if result.returncode != 0:
+        detail = result.stderr.decode("utf-8", "replace")[-2000:]
+        raise E2EError(f"host/e2e/install-host.sh failed ({result.returncode}):\n{detail}")
+    return Path(result.stdout.decode().strip().splitlines()[-1])
+
+
+class PaperclipServer:
+    """The real server and its database, as an async context manager (see the module doc)."""
+
+    def __init__(
+        self, work_dir: Path, *, host_dir: Path | None = None, secrets: Iterable[str] = ()
+    ) -> None:
+        self.work_dir = work_dir
+        self.host_dir = host_dir
+        self.secrets = [s for s in secrets if s]
+        self.data_dir = work_dir / "data"
+        self.pg_dir = work_dir / "pg"
+        self.log_path = work_dir / "server.log"
+        self.config_path = self.data_dir / "instances" / "default" / "config.json"
+        self.api_base = ""
+        self.port = 0
+        self.database_url = ""
+        self.pid: int | None = None
+        self.postmaster_pid: int | None = None
+        self.leftover_pids: list[int] = []
+        self.timings: dict[str, float] = {}
+        self._node = Path()
+        self._cli_js = Path()
+        self._process: anyio.abc.Process | None = None
+        self._log_file: IO[bytes] | None = None
+        self._pg_started = False
+
+    # --- environment and helpers ------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """The environment every Paperclip process gets: no stray PAPERCLIP_*, no telemetry."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAPERCLIP_")}
+        for key in _SCRUBBED:
+            env.pop(key, None)
+        env.update(
+            PATH=f"{self._node.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            HOME=str(self.work_dir / "home"),
+            PAPERCLIP_UPDATE_CHECK="0",
+            PAPERCLIP_TELEMETRY_DISABLED="1",
+            DO_NOT_TRACK="1",
+            NO_COLOR="1",
+        )
+        return env
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "[REDACTED]")
+        return text
+
+    def log_text(self) -> str:
+        """The server's stdout/stderr so far, ANSI colours removed, secrets redacted."""
+        try:
+            raw = self.log_path.read_text("utf-8", "replace")
+        except OSError:
+            return ""
+        return self.redact(strip_ansi(raw))
+
+    def _tail(self, path: Path, lines: int = 30) -> str:
+        try:
+            text = path.read_text("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+        return self.redact(strip_ansi("\n".join(text.splitlines()[-lines:])))
+
+    async def cli(
+        self, *args: str, check: bool = True, api: bool = True, timeout_s: float = 120.0
+    ) -> CliResult:
+        """Run ``paperclipai <args>`` (plus ``--api-base``); raises ``E2EError`` on failure."""
+        argv = [str(self._node), str(self._cli_js), *args]
+        if api:
+            argv += ["--api-base", self.api_base]
+        with anyio.fail_after(timeout_s):
+            done = await anyio.run_process(
+                argv, env=self.env(), cwd=self.work_dir / "cwd", check=False
+            )
+        result = CliResult(
+            done.returncode,
+            done.stdout.decode("utf-8", "replace"),
+            done.stderr.decode("utf-8", "replace"),
+        )
+        if check and result.returncode != 0:
+            words = " ".join(a for a in args[:2] if not a.startswith("{"))
+            detail = self.redact(strip_ansi(result.stderr or result.stdout))[-2000:]
+            raise E2EError(f"paperclipai {words} exited {result.returncode}: {detail}")
+        return result
+
+    # --- start -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        started = time.monotonic()
+        host_dir = await ensure_host_installed(self.host_dir)
+        self._node = host_dir / "node24" / "bin" / "node"
+        self._cli_js = host_dir / "node_modules" / "paperclipai" / "dist" / "index.js"
+        self.timings["install_s"] = time.monotonic() - started
+        for sub in ("home", "cwd"):
+            (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            await self._start_postgres()
+            self.timings["postgres_s"] = time.monotonic() - started
+            await self._write_config()
+            self.timings["config_s"] = time.monotonic() - started
+            await self._start_server()
+            self.timings["server_s"] = time.monotonic() - started
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.stop()
+
+    async def _postgres(self, *args: str) -> str:
+        result = await anyio.run_process(
+            ["bash", str(E2E_DIR / "postgres.sh"), *args], check=False, stderr=subprocess.PIPE
+        )
+        if result.returncode != 0:
+            detail = result.stderr.decode("utf-8", "replace")[-2000:]
+            raise E2EError(f"host/e2e/postgres.sh {args[0]} failed: {detail}")
+        return result.stdout.decode().strip().splitlines()[-1] if result.stdout.strip() else ""
+
+    async def _start_postgres(self) -> None:
+        failure: E2EError | None = None
+        for _attempt in range(3):  # a port picked by free_port() can be taken before we bind it
+            try:
+                self._pg_started = True
+                self.database_url = await self._postgres(
+                    "start", str(self.pg_dir), str(free_port())
+                )
+                pid_line = (self.pg_dir / "data" / "postmaster.pid").read_text().split("\n", 1)[0]
+                self.postmaster_pid = int(pid_line)
+                return
+            except E2EError as exc:
+                failure = exc
+                await self._postgres("stop", str(self.pg_dir))
+                await anyio.to_thread.run_sync(_remove_tree, self.pg_dir)
+        assert failure is not None
+        raise failure
+
+    async def _write_config(self) -> None:
+        """``test-drive`` writes the instance config; it then fails on the embedded database."""
+        cli_dir = self.data_dir / "cli"
+        instance = self.config_path.parent
+        cli_dir.mkdir(parents=True, exist_ok=True)
+        instance.mkdir(parents=True, exist_ok=True)
+        # test-drive scrubs PAPERCLIP_* (so PAPERCLIP_UPDATE_CHECK too): a fresh cached answer
+        # keeps it from asking the npm registry; a plain file where the embedded cluster would
+        # go makes its start fail even on machines where embedded PostgreSQL works.
+        now_ms = int(time.time() * 1000)
+        (cli_dir / "update-check.json").write_text(
+            json.dumps({"checkedAt": now_ms, "latest": None})
+        )
+        (instance / "db").touch()
+        log = self.work_dir / "test-drive.log"
+        argv = [str(self._node), str(self._cli_js), "test-drive", "-d", str(self.data_dir)]
+        argv += ["--no-browser", "--api-key", "unused-by-this-smoke"]
+        with log.open("wb") as sink:
+            process = await anyio.open_process(
+                argv,
+                env=self.env(),
+                cwd=self.work_dir / "cwd",
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            async with process:
+                with anyio.move_on_after(120):
+                    await process.wait()
+                if process.returncode is None:
+                    _kill_group(process.pid, signal.SIGKILL)
+                    await process.wait()
+        if not self.config_path.is_file():
+            raise E2EError(f"test-drive wrote no {self.config_path}:\n{self._tail(log)}")
+        config = json.loads(self.config_path.read_text())
+        config["database"] = {
+            **config.get("database", {}),
+            "mode": "postgres",
+            "connectionString": self.database_url,
+            "backup": {**config.get("database", {}).get("backup", {}), "enabled": False},
+        }
+        config["telemetry"] = {**config.get("telemetry", {}), "enabled": False}
+        config["updates"] = {**config.get("updates", {}), "checkEnabled": False}
+        self.config_path.write_text(json.dumps(config, indent=2))
+
+    def _choose_port(self) -> None:
+        """A fresh free port in ``server.port`` (the server reads its port from the config)."""
+        config = json.loads(self.config_path.read_text())
+        self.port = free_port()
+        config["server"] = {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}
+        self.config_path.write_text(json.dumps(config, indent=2))
+        self.api_base = f"http://127.0.0.1:{self.port}"
+
+    async def _start_server(self) -> None:
+        """``paperclipai run`` until ``/api/health`` says ok; a new port if it dies early."""
+        argv = [str(self._node), str(self._cli_js), "run", "-d", str(self.data_dir), "--no-repair"]
+        self._log_file = self.log_path.open("ab")
+        for _attempt in range(3):
+            self._choose_port()
+            process = await anyio.open_process(
+                argv,
+                env=self.env(),
+                cwd=self.work_dir / "cwd",
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self._process = process
+            self.pid = process.pid
+            if await self._wait_healthy(process):
+                return
+            if process.returncode is None:
+                break  # alive but never healthy: not a port race
+            await process.aclose()
+            self._process = None
+        raise E2EError(
+            f"the server did not report healthy on {self.api_base}:\n"
+            f"{self._tail(self.log_path, 40)}"
+        )
+
+    async def _wait_healthy(self, process: anyio.abc.Process) -> bool:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            with anyio.move_on_after(180):
+                while process.returncode is None:
+                    try:
+                        answer = await client.get(f"{self.api_base}/api/health")
+                        if answer.status_code == 200 and answer.json().get("status") == "ok":
+                            return True
+                    except (httpx.HTTPError, ValueError):
+                        pass
+                    await anyio.sleep(0.5)
+        return False
+
+    # --- stop --------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop the server (and its plugin workers), then PostgreSQL; idempotent."""
+        with anyio.move_on_after(SERVER_STOP_S + 45):
+            process, self._process = self._process, None
+            if process is not None:
+                ours = [process.pid, *descendants(process.pid)]
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                    with anyio.move_on_after(SERVER_STOP_S):
+                        await process.wait()
+                    if process.returncode is None:
+                        _kill_group(process.pid, signal.SIGKILL)
+                        await process.wait()
+                await process.aclose()
+                await self._reap(ours)
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+            if self._pg_started:
+                self._pg_started = False
+                try:
+                    await self._postgres("stop", str(self.pg_dir))
+                finally:
+                    if self.postmaster_pid is not None:
+                        await self._reap([self.postmaster_pid])
+
+    async def _reap(self, pids: Sequence[int]) -> None:
+        """Wait briefly for ``pids`` to end; SIGKILL and record the ones that do not."""
+        for pid in pids:
+            if not await wait_until_gone(pid, 10.0):
+                self.leftover_pids.append(pid)
+                _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _kill_group(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def plugin_worker_pids(server_pid: int, entrypoint: Path) -> list[int]:
+    """Shim processes under the server that run ``entrypoint``, with their Python children."""
+    found: list[int] = []
+    for pid in descendants(server_pid):
+        if str(entrypoint) in cmdline(pid):
+            found.append(pid)
+            found.extend(descendants(pid))
+    return found
+
+
+def cmdline_mentions(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (a leak check for a temp folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        if any(text in part for part in cmdline(int(entry.name))):
+            found.append(int(entry.name))
+    return found
+
+
+def json_lines(text: str, needle: str) -> list[Mapping[str, Any]]:
+    """The JSON objects trailing log lines that contain ``needle`` (pino pretty format)."""
+    found: list[Mapping[str, Any]] = []
+    for line in text.splitlines():
+        if needle in line and "{" in line:
+            try:
+                value = json.loads(line[line.index("{") :])
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.append(value)
+    return found
