@@ -2,9 +2,10 @@
 
 ``PaperclipServer`` installs Node 24 + ``paperclipai``/``@paperclipai/server`` 2026.916.1
 (``host/e2e/install-host.sh``, cached), starts a PostgreSQL cluster (``host/e2e/postgres.sh``),
-generates the instance config with ``test-drive``, points it at that database with telemetry and
-update checks off, starts ``paperclipai run`` on a free loopback port and waits for
-``/api/health``. Everything it writes lives under ``work_dir``; the caller deletes that folder::
+generates the instance config with ``test-drive`` and points it at that database with telemetry
+and update checks off (``host/e2e/instance-config.sh``, ``configure.mjs``), starts
+``paperclipai run`` on a free loopback port and waits for ``/api/health``. Everything it writes
+lives under ``work_dir``; the caller deletes that folder::
 
     async with PaperclipServer(tmp / "paperclip", secrets=[api_key]) as server:
         plugins = (await server.cli("plugin", "list", "--json")).json()
@@ -25,7 +26,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -35,7 +36,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from provider.devtools.host_peer import child_pids, cmdline, pid_alive, wait_until_gone
+from provider.devtools.host_peer import child_pids, wait_until_gone
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 E2E_DIR: Final = REPO_ROOT / "host" / "e2e"
@@ -215,93 +216,56 @@ class PaperclipServer:
         with anyio.CancelScope(shield=True):
             await self.stop()
 
-    async def _postgres(self, *args: str) -> str:
-        result = await anyio.run_process(
-            ["bash", str(E2E_DIR / "postgres.sh"), *args], check=False, stderr=subprocess.PIPE
-        )
+    async def _script(self, name: str, *args: str) -> str:
+        """Run ``host/e2e/<name>`` (bash or node); its last stdout line, or ``E2EError``."""
+        runner = str(self._node) if name.endswith(".mjs") else "bash"
+        argv = [runner, str(E2E_DIR / name), *args]
+        result = await anyio.run_process(argv, env=self.env(), check=False, stderr=subprocess.PIPE)
         if result.returncode != 0:
-            detail = result.stderr.decode("utf-8", "replace")[-2000:]
-            raise E2EError(f"host/e2e/postgres.sh {args[0]} failed: {detail}")
-        return result.stdout.decode().strip().splitlines()[-1] if result.stdout.strip() else ""
+            detail = self.redact(result.stderr.decode("utf-8", "replace")[-2000:])
+            raise E2EError(f"host/e2e/{name} {args[0]} failed ({result.returncode}): {detail}")
+        lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else ""
 
     async def _start_postgres(self) -> None:
-        failure: E2EError | None = None
-        for _attempt in range(3):  # a port picked by free_port() can be taken before we bind it
+        for attempt in range(3):  # a port picked by free_port() can be taken before we bind it
+            self._pg_started = True
             try:
-                self._pg_started = True
-                self.database_url = await self._postgres(
-                    "start", str(self.pg_dir), str(free_port())
+                port = str(free_port())
+                self.database_url = await self._script(
+                    "postgres.sh", "start", str(self.pg_dir), port
                 )
-                pid_line = (self.pg_dir / "data" / "postmaster.pid").read_text().split("\n", 1)[0]
-                self.postmaster_pid = int(pid_line)
-                return
-            except E2EError as exc:
-                failure = exc
-                await self._postgres("stop", str(self.pg_dir))
+            except E2EError:
+                await self._script("postgres.sh", "stop", str(self.pg_dir))
                 await anyio.to_thread.run_sync(_remove_tree, self.pg_dir)
-        assert failure is not None
-        raise failure
+                if attempt == 2:
+                    raise
+                continue
+            pid_line = (self.pg_dir / "data" / "postmaster.pid").read_text().split("\n", 1)[0]
+            self.postmaster_pid = int(pid_line)
+            return
 
     async def _write_config(self) -> None:
-        """``test-drive`` writes the instance config; it then fails on the embedded database."""
-        cli_dir = self.data_dir / "cli"
-        instance = self.config_path.parent
-        cli_dir.mkdir(parents=True, exist_ok=True)
-        instance.mkdir(parents=True, exist_ok=True)
-        # test-drive scrubs PAPERCLIP_* (so PAPERCLIP_UPDATE_CHECK too): a fresh cached answer
-        # keeps it from asking the npm registry; a plain file where the embedded cluster would
-        # go makes its start fail even on machines where embedded PostgreSQL works.
-        now_ms = int(time.time() * 1000)
-        (cli_dir / "update-check.json").write_text(
-            json.dumps({"checkedAt": now_ms, "latest": None})
-        )
-        (instance / "db").touch()
-        log = self.work_dir / "test-drive.log"
-        argv = [str(self._node), str(self._cli_js), "test-drive", "-d", str(self.data_dir)]
-        argv += ["--no-browser", "--api-key", "unused-by-this-smoke"]
-        with log.open("wb") as sink:
-            process = await anyio.open_process(
-                argv,
-                env=self.env(),
-                cwd=self.work_dir / "cwd",
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            async with process:
-                with anyio.move_on_after(120):
-                    await process.wait()
-                if process.returncode is None:
-                    _kill_group(process.pid, signal.SIGKILL)
-                    await process.wait()
-        if not self.config_path.is_file():
-            raise E2EError(f"test-drive wrote no {self.config_path}:\n{self._tail(log)}")
-        config = json.loads(self.config_path.read_text())
-        config["database"] = {
-            **config.get("database", {}),
-            "mode": "postgres",
-            "connectionString": self.database_url,
-            "backup": {**config.get("database", {}).get("backup", {}), "enabled": False},
-        }
-        config["telemetry"] = {**config.get("telemetry", {}), "enabled": False}
-        config["updates"] = {**config.get("updates", {}), "checkEnabled": False}
-        self.config_path.write_text(json.dumps(config, indent=2))
-
-    def _choose_port(self) -> None:
-        """A fresh free port in ``server.port`` (the server reads its port from the config)."""
-        config = json.loads(self.config_path.read_text())
+        """test-drive writes the instance config; configure.mjs points it at our database."""
         self.port = free_port()
-        config["server"] = {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}
-        self.config_path.write_text(json.dumps(config, indent=2))
         self.api_base = f"http://127.0.0.1:{self.port}"
+        args = (str(self.data_dir), self.database_url, str(self.port))
+        await self._script("instance-config.sh", *args)
+
+    async def _choose_port(self) -> None:
+        """A fresh free port in ``server.port`` (the server reads its port from the config)."""
+        self.port = free_port()
+        self.api_base = f"http://127.0.0.1:{self.port}"
+        args = (str(self.config_path), self.database_url, str(self.port))
+        await self._script("configure.mjs", *args)
 
     async def _start_server(self) -> None:
         """``paperclipai run`` until ``/api/health`` says ok; a new port if it dies early."""
         argv = [str(self._node), str(self._cli_js), "run", "-d", str(self.data_dir), "--no-repair"]
         self._log_file = self.log_path.open("ab")
-        for _attempt in range(3):
-            self._choose_port()
+        for attempt in range(3):
+            if attempt:
+                await self._choose_port()
             process = await anyio.open_process(
                 argv,
                 env=self.env(),
@@ -360,7 +324,7 @@ class PaperclipServer:
             if self._pg_started:
                 self._pg_started = False
                 try:
-                    await self._postgres("stop", str(self.pg_dir))
+                    await self._script("postgres.sh", "stop", str(self.pg_dir))
                 finally:
                     if self.postmaster_pid is not None:
                         await self._reap([self.postmaster_pid])
@@ -385,38 +349,3 @@ def _kill_group(pid: int, signum: signal.Signals) -> None:
 
 def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def plugin_worker_pids(server_pid: int, entrypoint: Path) -> list[int]:
-    """Shim processes under the server that run ``entrypoint``, with their Python children."""
-    found: list[int] = []
-    for pid in descendants(server_pid):
-        if str(entrypoint) in cmdline(pid):
-            found.append(pid)
-            found.extend(descendants(pid))
-    return found
-
-
-def cmdline_mentions(text: str) -> list[int]:
-    """Live processes whose command line contains ``text`` (a leak check for a temp folder)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
-            continue
-        if any(text in part for part in cmdline(int(entry.name))):
-            found.append(int(entry.name))
-    return found
-
-
-def json_lines(text: str, needle: str) -> list[Mapping[str, Any]]:
-    """The JSON objects trailing log lines that contain ``needle`` (pino pretty format)."""
-    found: list[Mapping[str, Any]] = []
-    for line in text.splitlines():
-        if needle in line and "{" in line:
-            try:
-                value = json.loads(line[line.index("{") :])
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                found.append(value)
-    return found

@@ -23,15 +23,14 @@ import pytest
 
 from provider.config import validate_config
 from provider.devtools.e2e_server import (
+    PAPERCLIP_VERSION,
     REPO_ROOT,
     PaperclipServer,
-    cmdline_mentions,
     ensure_host_installed,
-    json_lines,
-    plugin_worker_pids,
 )
 from provider.devtools.host_peer import wait_until_gone
 from tests.e2e.emulator_process import EmulatorProcess
+from tests.e2e.inspection import cmdline_mentions, json_lines, plugin_worker_pids
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
 
@@ -61,6 +60,11 @@ async def _new_requests(emu: EmulatorProcess, seen: int) -> tuple[list[dict[str,
 
 
 async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str) -> None:
+    async with httpx.AsyncClient(base_url=server.api_base, timeout=30) as client:
+        health = (await client.get("/api/health")).json()
+    assert health["version"] == PAPERCLIP_VERSION
+    assert health["deploymentMode"] == "local_trusted"
+
     # --- install: the host reads package.json, validates the manifest, starts the worker -----
     installed = (await server.cli("plugin", "install", str(REPO_ROOT), "--json")).json()
     assert installed["pluginKey"] == PLUGIN_KEY

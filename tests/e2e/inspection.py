@@ -1,0 +1,46 @@
+"""Process and log inspection for the e2e smoke: plugin workers, leaks, pino log lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from provider.devtools.e2e_server import descendants
+from provider.devtools.host_peer import cmdline, pid_alive
+
+
+def plugin_worker_pids(server_pid: int, entrypoint: Path) -> list[int]:
+    """Shim processes under the server that run ``entrypoint``, with their Python children."""
+    found: list[int] = []
+    for pid in descendants(server_pid):
+        if str(entrypoint) in cmdline(pid):
+            found.append(pid)
+            found.extend(descendants(pid))
+    return found
+
+
+def cmdline_mentions(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (a leak check for a temp folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        if any(text in part for part in cmdline(int(entry.name))):
+            found.append(int(entry.name))
+    return found
+
+
+def json_lines(text: str, needle: str) -> list[Mapping[str, Any]]:
+    """The JSON objects trailing log lines that contain ``needle`` (pino pretty format)."""
+    found: list[Mapping[str, Any]] = []
+    for line in text.splitlines():
+        if needle in line and "{" in line:
+            try:
+                value = json.loads(line[line.index("{") :])
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.append(value)
+    return found
