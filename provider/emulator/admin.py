@@ -8,13 +8,12 @@ import hmac
 import ipaddress
 import json
 import re
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .core import EmulatorCore, Fault
+from .hostscan import scan_host
 from .http import Request, Response
 from .jsend import ApiError, bad_request, fail, not_found, ok
 from .sandboxes import LIVE
@@ -44,53 +43,9 @@ FAULT_ACTIONS = {
 }
 
 
-@dataclass(frozen=True)
-class HostProcess:
-    host_pid: int
-    guest_pid: int
-    guest_sid: int
-    state: str
-
-
-def _last_field(status: str, name: str) -> int | None:
-    for line in status.splitlines():
-        if line.startswith(name + ":"):
-            parts = line.split()
-            return int(parts[-1]) if len(parts) > 1 else None
-    return None
-
-
-def scan_host(namespaces: set[str]) -> dict[str, list[HostProcess]]:
-    """Every host process living in one of ``namespaces`` (pid-namespace link strings)."""
-    found: dict[str, list[HostProcess]] = {}
-    if not namespaces:
-        return found
-    for entry in Path("/proc").iterdir():
-        name = entry.name
-        if not name.isdigit():
-            continue
-        try:
-            ns = str((entry / "ns" / "pid").readlink())
-            if ns not in namespaces:
-                continue
-            status = (entry / "status").read_text()
-        except OSError:
-            continue
-        guest_pid = _last_field(status, "NSpid")
-        guest_sid = _last_field(status, "NSsid")
-        state_line = re.search(r"^State:\s+(\S)", status, re.M)
-        state = state_line.group(1) if state_line else "?"
-        if guest_pid is None or state in ("Z", "X"):
-            continue
-        found.setdefault(ns, []).append(
-            HostProcess(int(name), guest_pid, guest_sid if guest_sid is not None else -1, state)
-        )
-    return found
-
-
 def state_view(core: EmulatorCore) -> dict[str, Any]:
     """Live sandboxes and every managed process with whether any of its tree is alive."""
-    scanned = scan_host(core.namespaces)
+    scanned = scan_host(core.namespaces())
     sandboxes = []
     processes = []
     live_ns: set[str] = set()

@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ import anyio
 import anyio.abc
 
 from .bwrap import GuestRuntime
+from .guest import Guest
 from .ids import key_hash
 from .processes import ManagedProcess
-from .sandboxes import Sandbox, SandboxSpec
+from .sandboxes import Sandbox, SandboxSpec, guarded
 from .settings import Settings
 
 log = logging.getLogger("provider.emulator")
@@ -79,7 +81,7 @@ class EmulatorCore:
         self.log: list[dict[str, Any]] = []
         self.log_seq = 0
         self.rate: dict[str, deque[float]] = {}
-        self.namespaces: set[str] = set()  # every pid namespace we created (leak checks)
+        self.guests: list[Guest] = []  # every guest we started (leak checks)
         self.tg: anyio.abc.TaskGroup | None = None
 
     # -- request log, faults, rate limit ------------------------------------------------
@@ -147,8 +149,8 @@ class EmulatorCore:
         """Start the sandbox's guest inside the core task group; raises when it cannot start."""
         assert self.tg is not None
         await self.tg.start(self._run_sandbox, sandbox)
-        if sandbox.guest is not None and sandbox.guest.pid_ns is not None:
-            self.namespaces.add(sandbox.guest.pid_ns)
+        if sandbox.guest is not None:
+            self.guests.append(sandbox.guest)
 
     async def _run_sandbox(
         self, sandbox: Sandbox, *, task_status: anyio.abc.TaskStatus[None]
@@ -169,8 +171,7 @@ class EmulatorCore:
         await sandbox.kill_guest()
         for process in sandbox.processes.values():
             self.processes.pop(process.process_id, None)
-        if self.tg is not None:
-            self.tg.start_soon(self._reclaim, sandbox)
+        self.start_soon(lambda: self._reclaim(sandbox))
         return answered
 
     async def _reclaim(self, sandbox: Sandbox) -> None:
@@ -181,6 +182,15 @@ class EmulatorCore:
         await anyio.sleep(self.settings.destroyed_retention_ms / 1000)
         if self.sandboxes.get(sandbox.id) is sandbox and sandbox.status == "destroyed":
             del self.sandboxes[sandbox.id]
+
+    def start_soon(self, func: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``func`` in the emulator's task group, errors logged (see ``guarded``)."""
+        if self.tg is not None:
+            self.tg.start_soon(guarded, func)
+
+    def namespaces(self) -> dict[str, float | None]:
+        """pid namespace -> boot ticks when emptied (None while live), for ``scan_host``."""
+        return {g.pid_ns: g.ended_at for g in self.guests if g.pid_ns is not None}
 
     def register_process(self, sandbox: Sandbox, process: ManagedProcess) -> None:
         self.processes[process.process_id] = (sandbox, process)

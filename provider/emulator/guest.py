@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,13 @@ from typing import Any
 import anyio
 
 from .bwrap import GuestRuntime, sandbox_argv
+from .hostscan import boot_ticks, scan_host
 
 log = logging.getLogger("provider.emulator")
 
 MAX_MSG = 1 << 20
 START_TIMEOUT_S = 20.0
+KILL_WAIT_S = 5.0
 
 
 class GuestGone(Exception):
@@ -70,6 +73,7 @@ class Guest:
         self.child_pidfd: int | None = None
         self.host_pid: int | None = None  # host pid of the supervisor (guest pid 1)
         self.pid_ns: str | None = None  # e.g. "pid:[4026532]" of the guest namespace
+        self.ended_at: float | None = None  # boot ticks when the namespace was emptied
         self.children: dict[int, ChildWatch] = {}
         self._pending: dict[int, tuple[anyio.Event, list[Any]]] = {}
         self._next_id = 0
@@ -141,24 +145,48 @@ class Guest:
             raise GuestGone("sandbox payload exited during start")
 
     async def kill(self) -> None:
-        """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace) and reap bwrap."""
+        """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace), wait until the
+        namespace is empty and reap bwrap. Idempotent."""
         self._gone = True
-        if self.child_pidfd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.child_pidfd, signal.SIGKILL)
-            os.close(self.child_pidfd)
-            self.child_pidfd = None
+        pidfd, self.child_pidfd = self.child_pidfd, None
+        if pidfd is not None:
+            try:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                with anyio.move_on_after(KILL_WAIT_S):
+                    await anyio.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
         proc = self.proc
         if proc is not None:
+            with anyio.move_on_after(KILL_WAIT_S):
+                while proc.poll() is None:  # noqa: ASYNC110 - Popen offers no awaitable exit
+                    await anyio.sleep(0.005)
             if proc.poll() is None:
                 with contextlib.suppress(OSError):
                     proc.kill()
-            while proc.poll() is None:  # noqa: ASYNC110 - Popen offers no awaitable exit
-                await anyio.sleep(0.005)
+                await anyio.to_thread.run_sync(proc.wait)
+        if self.pid_ns is not None and self.ended_at is None:
+            await anyio.to_thread.run_sync(self._empty_namespace)
+            self.ended_at = boot_ticks()
         self._fail_pending()
+
+    def _empty_namespace(self) -> None:
+        """SIGKILL whatever is still in the namespace (belt and braces; blocking)."""
+        assert self.pid_ns is not None
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline:
+            left = scan_host({self.pid_ns: None}).get(self.pid_ns, [])
+            if not left:
+                return
+            for member in left:
+                with contextlib.suppress(OSError):
+                    os.kill(member.host_pid, signal.SIGKILL)
+            time.sleep(0.01)
+        log.warning("sandbox namespace %s still has processes after kill", self.pid_ns)
 
     def close(self) -> None:
         if self.sock is not None:

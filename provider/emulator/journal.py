@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import anyio
 
-FRAME_MAX = 256 * 1024  # raw bytes per data frame
+FRAME_MAX = 256 * 1024  # raw bytes per data frame (at most a quarter of the journal)
 FRAME_TAIL = b'"}\n'
 MAX_FRAMES = 65536  # bound on retained frame objects whatever their size
 HEARTBEAT_LINE = b'{"type":"heartbeat"}\n'
@@ -126,8 +126,9 @@ class Journal:
 
     async def append(self, stream: str, data: bytes) -> None:
         """Journal one chunk read from ``stream``; may wait for a slow attached reader."""
-        for start in range(0, len(data), FRAME_MAX):
-            piece = data[start : start + FRAME_MAX] if len(data) > FRAME_MAX else data
+        step = min(FRAME_MAX, max(1024, self._limits().journal_bytes // 4))
+        for start in range(0, len(data), step):
+            piece = data[start : start + step] if len(data) > step else data
             await self._make_room(len(piece))
             seq = self._next_seq
             self._next_seq += 1
@@ -150,7 +151,9 @@ class Journal:
             if self._bytes + incoming <= limits.journal_bytes and retained < MAX_FRAMES:
                 return
             oldest = self._frames[self._head].seq
-            if limits.backpressure_ms > 0 and any(c.position < oldest for c in self._cursors):
+            # A cursor blocks eviction only while the oldest frame is the next one it needs; one
+            # already further behind has expired and will get the error frame.
+            if limits.backpressure_ms > 0 and any(c.position == oldest - 1 for c in self._cursors):
                 now = anyio.current_time()
                 if deadline is None:
                     deadline = now + limits.backpressure_ms / 1000

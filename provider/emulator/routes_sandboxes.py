@@ -11,7 +11,6 @@ from typing import Any
 import anyio
 
 from . import catalog
-from .guest import GuestGone
 from .http import Response
 from .ids import random_name
 from .jsend import ApiError, bad_request, conflict, error, fail, not_found, ok
@@ -188,8 +187,7 @@ async def create(ctx: Ctx) -> Response:
         raise ApiError(402, {"credit": "insufficient credit"})
     sandbox = core.new_sandbox(spec, ctx.owner)
     if core.settings.create_mode == "async":
-        assert core.tg is not None
-        core.tg.start_soon(_boot_later, ctx, sandbox)
+        core.start_soon(lambda: _boot_later(ctx, sandbox))
         return ok(sandbox.create_view())
     try:
         await core.boot(sandbox)
@@ -319,8 +317,7 @@ async def fork(ctx: Ctx) -> Response:
     )
     child = core.new_sandbox(spec, ctx.owner, forked_from=source.id)
     child.status = "forking"
-    assert core.tg is not None
-    core.tg.start_soon(_fork_later, ctx, source, child, start_paused)
+    core.start_soon(lambda: _fork_later(ctx, source, child, start_paused))
     return ok(child.create_view())
 
 
@@ -328,12 +325,10 @@ async def _fork_later(ctx: Ctx, source: Sandbox, child: Sandbox, start_paused: b
     try:
         await anyio.to_thread.run_sync(source.copy_fs_to, child)
         await ctx.core.boot(child)
-    except (OSError, GuestGone, RuntimeError):
+    except Exception:
+        log.warning("fork %s -> %s failed", source.id, child.id, exc_info=True)
         child.status = "error"
         return
-    except Exception:
-        child.status = "error"
-        raise
     if child.status != "forking":
         return
     if start_paused:

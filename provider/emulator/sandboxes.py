@@ -9,10 +9,11 @@ pid 1 (the kernel takes the whole namespace with it) before answering.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from .ids import new_id, utc_now
 from .journal import Journal
 from .processes import ManagedProcess, StdinWriter
 from .settings import Settings
+
+log = logging.getLogger("provider.emulator")
 
 GUEST_TREES = ("paperclip-workspace", "tmp", "root")
 LIVE = ("creating", "running", "pausing", "paused", "resuming", "forking", "error")
@@ -173,7 +176,7 @@ class Sandbox:
                 raise
             self.spawn_ms = int((anyio.current_time() - started) * 1000)
             task_status.started()
-            tg.start_soon(self._auto_pause_loop)
+            tg.start_soon(guarded, self._auto_pause_loop)
             await self._closed.wait()
             tg.cancel_scope.cancel()
 
@@ -204,9 +207,10 @@ class Sandbox:
                 os.chown(path, uid, uid)
         write_guest_etc(self.state_dir / "etc", self.spec.name)
 
-    def start_soon(self, func: Callable[[], Any]) -> None:
+    def start_soon(self, func: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``func`` in the sandbox's task group; its errors are logged, never propagated."""
         if self._tg is not None and not self._closed.is_set():
-            self._tg.start_soon(func)
+            self._tg.start_soon(guarded, func)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -346,7 +350,7 @@ class Sandbox:
         )
         self.processes[process.process_id] = process
         assert self._tg is not None
-        self._tg.start_soon(process.run, fds, self.settings)
+        self._tg.start_soon(guarded, lambda: process.run(fds, self.settings))
         return process
 
     def _require_guest(self) -> Guest:
@@ -374,3 +378,11 @@ class Sandbox:
                 continue
             if anyio.current_time() - self.last_activity >= limit:
                 await self.pause()
+
+
+async def guarded(func: Callable[[], Awaitable[Any]]) -> None:
+    """Await ``func()``; log (never raise) its errors so one failure cannot stop the emulator."""
+    try:
+        await func()
+    except Exception:
+        log.exception("background task failed")

@@ -14,10 +14,11 @@ import anyio
 import anyio.abc
 
 from . import routes_exec, routes_processes, routes_sandboxes
-from .admin import Admin, scan_host
+from .admin import Admin
 from .bwrap import probe_runtime
 from .client import EmulatorAdmin
 from .core import EmulatorCore
+from .hostscan import scan_host
 from .http import HTTPServer
 from .router import Router, internal_error
 
@@ -136,5 +137,5 @@ class Emulator:
         """Host pids still alive in any PID namespace this emulator ever created."""
         if self.core is None:
             return []
-        found = scan_host(self.core.namespaces)
+        found = scan_host(self.core.namespaces())
         return sorted(p.host_pid for members in found.values() for p in members)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from collections.abc import AsyncIterator
 
 import anyio
 import httpx

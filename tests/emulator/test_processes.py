@@ -1,0 +1,383 @@
+"""Managed processes: journal, connect replay, stdin, signals, wait, tree kill, eviction."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from provider.emulator import Emulator
+
+from .helpers import (
+    api,
+    create_sandbox,
+    data,
+    guest_pids,
+    payload,
+    read_frames,
+    sh,
+    start_process,
+    wait_status,
+)
+
+pytestmark = pytest.mark.anyio
+
+DOUBLE_FORK = "(setsid -f true; (sleep 1000 & echo $! > /tmp/orphan.pid) &) ; sleep 1000"
+DOUBLE_FORK_NO_SETSID = "( (exec sleep 1000) & echo $! > /tmp/orphan.pid ) ; sleep 1000"
+
+
+def proc_url(sandbox_id: str, process_id: str, tail: str = "") -> str:
+    return f"/v1/sandboxes/{sandbox_id}/processes/{process_id}{tail}"
+
+
+async def get_view(client: httpx.AsyncClient, sandbox_id: str, process_id: str) -> dict[str, Any]:
+    return dict(data(await client.get(proc_url(sandbox_id, process_id))))
+
+
+async def wait_output(
+    client: httpx.AsyncClient, sandbox_id: str, process_id: str, newest: int
+) -> dict[str, Any]:
+    with anyio.fail_after(20):
+        while True:
+            view = await get_view(client, sandbox_id, process_id)
+            if view["output"]["newest_seq"] >= newest:
+                return view
+            await anyio.sleep(0.02)
+
+
+async def test_create_list_get_and_wait(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "sleep 0.3; exit 5", cwd="/tmp")
+        assert proc["kind"] == "process" and proc["cwd"] == "/tmp"
+        assert proc["leader_exited"] is False and "exit_code" not in proc
+        listed = data(await client.get(f"/v1/sandboxes/{sandbox_id}/processes"))["processes"]
+        assert [p["process_id"] for p in listed] == [proc["process_id"]]
+        early = await client.get(
+            proc_url(sandbox_id, proc["process_id"], "/wait"), params={"timeout_ms": 10}
+        )
+        assert early.status_code == 408
+        done = await client.get(
+            proc_url(sandbox_id, proc["process_id"], "/wait"), params={"scope": "tree"}
+        )
+        view = data(done)
+        assert view["state"] == "exited" and view["exit_code"] == 5
+        assert view["leader_exited"] and view["tree_exited"] and view["finished_at"]
+        assert (await client.get(proc_url(sandbox_id, "proc_nope"))).status_code == 404
+
+
+async def test_create_process_validation(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client, envs={"OK": "1"})
+        url = f"/v1/sandboxes/{sandbox_id}/processes"
+        assert (await client.post(url, json={"cmd": "true", "env": {"NO": "1"}})).status_code == 400
+        assert (await client.post(url, json={"cmd": "true", "cwd": "/nope"})).status_code == 400
+        assert (await client.post(url, json={"cmd": "/no/such"})).status_code == 400
+        assert (await client.post(url, json={"args": "notalist"})).status_code == 400
+        env = await client.post(
+            url, json={"cmd": "/bin/bash", "args": ["-c", "echo $OK"], "env": {"OK": "2"}}
+        )
+        frames = await read_frames(client, sandbox_id, data(env)["process_id"])
+        assert payload(frames) == b"2\n"
+
+
+async def test_reconnect_replays_every_byte_once(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        script = "for i in $(seq 1 60); do echo line-$i; echo err-$i >&2; sleep 0.005; done"
+        proc = await start_process(client, sandbox_id, script)
+        pid = proc["process_id"]
+        received: list[dict[str, Any]] = []
+        cursor = 0
+        for cut in (3, 5, 7, None):
+            url = proc_url(sandbox_id, pid, "/connect")
+            async with client.stream("GET", url, params={"after": cursor}) as response:
+                count = 0
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    frame = json.loads(line)
+                    received.append(frame)
+                    if frame["type"] == "data":
+                        assert frame["seq"] == cursor + 1
+                        cursor = frame["seq"]
+                        count += 1
+                        if cut is not None and count == cut:
+                            break
+            if received and received[-1]["type"] == "exit":
+                break
+        assert received[-1] == {"type": "exit", "exit_code": 0}
+        expected_out = "".join(f"line-{i}\n" for i in range(1, 61)).encode()
+        expected_err = "".join(f"err-{i}\n" for i in range(1, 61)).encode()
+        assert payload(received, "stdout") == expected_out
+        assert payload(received, "stderr") == expected_err
+        replay = await read_frames(client, sandbox_id, pid, after=4)
+        assert replay[0]["seq"] == 5 and replay[-1]["type"] == "exit"
+
+
+async def test_input_and_stdin_close(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "cat; echo done")
+        pid = proc["process_id"]
+        url = proc_url(sandbox_id, pid)
+        first = await client.post(
+            f"{url}/input", json={"data_base64": base64.b64encode(b"hello ").decode()}
+        )
+        assert data(first) == {"input_seq": 1}
+        second = await client.post(
+            f"{url}/input", json={"data_base64": base64.b64encode(b"world\n").decode()}
+        )
+        assert data(second) == {"input_seq": 2}
+        bad = await client.post(f"{url}/input", json={"data_base64": "!!notbase64"})
+        assert bad.status_code == 400
+        huge = base64.b64encode(b"x" * (256 * 1024 + 1)).decode()
+        assert (await client.post(f"{url}/input", json={"data_base64": huge})).status_code == 413
+        assert data(await client.post(f"{url}/stdin/close")) == {"ok": True}
+        assert (await client.post(f"{url}/stdin/close")).status_code == 409
+        late = await client.post(f"{url}/input", json={"data_base64": "eA=="})
+        assert late.status_code == 409
+        frames = await read_frames(client, sandbox_id, pid)
+        assert payload(frames) == b"hello world\ndone\n"
+        assert frames[-1] == {"type": "exit", "exit_code": 0}
+
+
+async def test_signal_reaches_the_group(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(
+            client,
+            sandbox_id,
+            "trap 'echo got-usr1; exit 9' USR1; echo ready; while :; do sleep 0.05; done",
+        )
+        pid = proc["process_id"]
+        await wait_output(client, sandbox_id, pid, 1)
+        url = proc_url(sandbox_id, pid, "/signal")
+        assert (await client.post(url, json={"signal": "SIGSTOPX"})).status_code == 400
+        assert (await client.post(url, json={"signal": "SIGSTOP"})).status_code == 400
+        assert data(await client.post(url, json={"signal": "SIGUSR1"}))["ok"] is True
+        frames = await read_frames(client, sandbox_id, pid)
+        assert b"got-usr1" in payload(frames)
+        assert frames[-1] == {"type": "exit", "exit_code": 9}
+        killed = await start_process(client, sandbox_id, "sleep 100")
+        await client.post(
+            proc_url(sandbox_id, killed["process_id"], "/signal"), json={"signal": "SIGKILL"}
+        )
+        frames = await read_frames(client, sandbox_id, killed["process_id"])
+        assert frames[-1] == {"type": "exit", "signal": "SIGKILL"}
+        view = await get_view(client, sandbox_id, killed["process_id"])
+        assert view["signal"] == "SIGKILL" and "exit_code" not in view
+
+
+async def test_delete_process_kills_double_forked_child(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, DOUBLE_FORK_NO_SETSID)
+        pid = proc["process_id"]
+        with anyio.fail_after(10):
+            while (await sh(client, sandbox_id, "cat /tmp/orphan.pid"))["exit_code"] != 0:
+                await anyio.sleep(0.02)
+        orphan = (await sh(client, sandbox_id, "cat /tmp/orphan.pid"))["stdout"].strip()
+        assert orphan in await guest_pids(client, sandbox_id)
+        state = await emulator.admin.state()
+        entry = next(p for p in state["processes"] if p["process_id"] == pid)
+        assert entry["tree_alive"] and len(entry["host_pids"]) >= 2
+        deleted = await client.delete(proc_url(sandbox_id, pid), params={"grace_ms": 200})
+        view = data(deleted)
+        assert view["tree_exited"] is True and view["leader_exited"] is True
+        assert view["state"] == "exited" and view["signal"] == "SIGTERM"
+        assert orphan not in await guest_pids(client, sandbox_id)
+        assert await emulator.admin.live_process_count() == 0
+        again = await client.delete(proc_url(sandbox_id, pid))
+        assert again.status_code == 200
+
+
+async def test_delete_process_escalates_to_sigkill(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(
+            client, sandbox_id, "trap '' TERM; echo armed; sleep 1000 & wait"
+        )
+        await wait_output(client, sandbox_id, proc["process_id"], 1)
+        view = data(
+            await client.delete(proc_url(sandbox_id, proc["process_id"]), params={"grace_ms": 100})
+        )
+        assert view["tree_exited"] is True and view["signal"] == "SIGKILL"
+
+
+async def test_sandbox_delete_kills_double_forked_child(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, DOUBLE_FORK)
+        with anyio.fail_after(10):
+            while (await sh(client, sandbox_id, "cat /tmp/orphan.pid"))["exit_code"] != 0:
+                await anyio.sleep(0.02)
+        before = await emulator.admin.state()
+        hosts = next(s for s in before["sandboxes"] if s["id"] == sandbox_id)["host_pids"]
+        assert len(hosts) >= 3  # supervisor, leader, orphan
+        await client.delete(f"/v1/sandboxes/{sandbox_id}")
+        after = await emulator.admin.state()
+        assert after["sandboxes"] == [] and after["orphan_host_pids"] == []
+        entry = next(p for p in after["processes"] if p["process_id"] == proc["process_id"])
+        assert entry["tree_alive"] is False
+        assert emulator.leaked_host_pids() == []
+
+
+async def test_pause_freezes_a_running_loop(emulator: Emulator) -> None:
+    await emulator.admin.settings(pause_delay_ms=0, resume_delay_ms=0)
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "while :; do echo tick; sleep 0.01; done")
+        pid = proc["process_id"]
+        await wait_output(client, sandbox_id, pid, 5)
+        await client.post(f"/v1/sandboxes/{sandbox_id}/pause")
+        await wait_status(client, sandbox_id, "paused")
+        frozen = (await get_view(client, sandbox_id, pid))["output"]["newest_seq"]
+        await anyio.sleep(0.5)
+        assert (await get_view(client, sandbox_id, pid))["output"]["newest_seq"] == frozen
+        connect = await client.get(proc_url(sandbox_id, pid, "/connect"))
+        assert connect.status_code == 409
+        stopped = await emulator.admin.state()
+        assert next(p for p in stopped["processes"] if p["process_id"] == pid)["tree_alive"]
+        await client.post(f"/v1/sandboxes/{sandbox_id}/resume")
+        await wait_status(client, sandbox_id, "running")
+        await wait_output(client, sandbox_id, pid, frozen + 5)
+        await client.delete(proc_url(sandbox_id, pid), params={"grace_ms": 0})
+
+
+async def test_connect_after_eviction_is_410(emulator: Emulator) -> None:
+    await emulator.admin.settings(journal_bytes=64 * 1024)
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "head -c 1000000 /dev/zero | tr '\\0' a")
+        pid = proc["process_id"]
+        await client.get(proc_url(sandbox_id, pid, "/wait"))
+        view = await get_view(client, sandbox_id, pid)
+        oldest = view["output"]["oldest_seq"]
+        assert oldest > 1 and view["output"]["bytes"] <= 64 * 1024
+        gone = await client.get(proc_url(sandbox_id, pid, "/connect"), params={"after": 0})
+        assert gone.status_code == 410
+        body = gone.json()
+        assert body["status"] == "fail"
+        assert body["data"]["oldest_available_seq"] == oldest
+        boundary = await read_frames(client, sandbox_id, pid, after=oldest - 1)
+        assert boundary[0]["seq"] == oldest and boundary[-1]["type"] == "exit"
+        older = await client.get(
+            proc_url(sandbox_id, pid, "/connect"), params={"after": oldest - 2}
+        )
+        assert older.status_code == 410
+
+
+async def test_reader_left_behind_gets_error_frame(emulator: Emulator) -> None:
+    await emulator.admin.settings(journal_bytes=64 * 1024, backpressure_ms=60_000)
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(
+            client, sandbox_id, "cat >/dev/null; head -c 100000000 /dev/zero"
+        )
+        pid = proc["process_id"]
+        url = proc_url(sandbox_id, pid)
+        frames: list[dict[str, Any]] = []
+        async with client.stream("GET", f"{url}/connect") as response:
+            await client.post(f"{url}/stdin/close")
+            newest = -1
+            with anyio.fail_after(20):  # the stalled reader holds the producer back
+                while True:
+                    await anyio.sleep(0.3)
+                    seen = (await get_view(client, sandbox_id, pid))["output"]["newest_seq"]
+                    if seen == newest:
+                        break
+                    newest = seen
+            assert (await get_view(client, sandbox_id, pid))["state"] == "running"
+            await emulator.admin.evict(pid, newest)
+            async for line in response.aiter_lines():
+                if line:
+                    frames.append(json.loads(line))
+        seqs = [f["seq"] for f in frames if f["type"] == "data"]
+        # Frames already handed to the socket still arrive; then the gap is reported.
+        assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) <= newest
+        assert frames[-1]["type"] == "error" and frames[-1]["error"] == "output_offset_expired"
+        assert frames[-1]["oldest_available_seq"] > seqs[-1] + 1
+        await client.delete(url, params={"grace_ms": 0})
+
+
+async def test_slow_reader_expires_after_backpressure_window(emulator: Emulator) -> None:
+    await emulator.admin.settings(journal_bytes=32 * 1024, backpressure_ms=200)
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "cat >/dev/null; head -c 30000000 /dev/zero")
+        pid = proc["process_id"]
+        url = proc_url(sandbox_id, pid)
+        frames: list[dict[str, Any]] = []
+        async with client.stream("GET", f"{url}/connect") as response:
+            await client.post(f"{url}/stdin/close")
+            await anyio.sleep(1.0)  # never read while the producer runs past the window
+            async for line in response.aiter_lines():
+                if line:
+                    frames.append(json.loads(line))
+        assert frames[-1]["type"] == "error"
+        assert frames[-1]["error"] == "output_offset_expired"
+        seqs = [f["seq"] for f in frames if f["type"] == "data"]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert frames[-1]["oldest_available_seq"] > len(seqs) + 1
+
+
+async def test_fast_reader_loses_nothing_with_small_journal(emulator: Emulator) -> None:
+    await emulator.admin.settings(journal_bytes=16 * 1024)
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        total = 8 * 1024 * 1024
+        proc = await start_process(
+            client, sandbox_id, f"cat >/dev/null; head -c {total} /dev/urandom"
+        )
+        pid = proc["process_id"]
+        url = proc_url(sandbox_id, pid)
+        size = 0
+        last_seq = 0
+        exit_frame = None
+        async with client.stream("GET", f"{url}/connect") as response:
+            await client.post(f"{url}/stdin/close")
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                frame = json.loads(line)
+                if frame["type"] == "data":
+                    assert frame["seq"] == last_seq + 1
+                    last_seq = frame["seq"]
+                    size += len(base64.b64decode(frame["data_base64"]))
+                else:
+                    exit_frame = frame
+        assert exit_frame == {"type": "exit", "exit_code": 0}
+        assert size == total
+
+
+async def test_heartbeats_on_idle_stream(emulator: Emulator) -> None:
+    await emulator.admin.settings(heartbeat_ms=50)
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "sleep 0.4; echo late")
+        frames = await read_frames(client, sandbox_id, proc["process_id"])
+        kinds = [f["type"] for f in frames]
+        assert kinds.count("heartbeat") >= 2
+        assert kinds[-2:] == ["data", "exit"]
+        assert all("seq" not in f for f in frames if f["type"] != "data")
+
+
+async def test_reader_disconnect_does_not_affect_the_process(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(
+            client, sandbox_id, "for i in 1 2 3 4; do echo $i; sleep 0.1; done"
+        )
+        pid = proc["process_id"]
+        async with client.stream("GET", proc_url(sandbox_id, pid, "/connect")) as response:
+            async for line in response.aiter_lines():
+                if line:
+                    break
+        view = data(await client.get(proc_url(sandbox_id, pid, "/wait")))
+        assert view["exit_code"] == 0
+        assert payload(await read_frames(client, sandbox_id, pid)) == b"1\n2\n3\n4\n"
