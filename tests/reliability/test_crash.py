@@ -1,0 +1,262 @@
+"""Crash tests through the REAL Paperclip worker manager (@paperclipai/server 2026.916.1).
+
+The Python worker (or the Node shim) is killed with SIGKILL while a command or a file transfer
+is in flight. The manager restarts the worker (its own auto-restart, or stopWorker/startWorker),
+and the next call that carries the lease's config must clean up what the dead worker left: no
+live process tree in the emulator and no ``.paperclip-createos-*`` folder on the host.
+
+Where the worker's state goes: the manager builds the worker's environment as
+``{...options.env, PATH, NODE_PATH, PAPERCLIP_PLUGIN_ID, NODE_ENV, TZ}`` (plugin-worker-manager.js
+``spawnProcess``), so what a caller passes as ``env`` to ``startWorker`` does reach the worker; only
+the server's *own* environment is scrubbed. Each test passes its own ``XDG_STATE_HOME`` (the journal
+lands in ``<tmp>/state/paperclip-createos/leases.sqlite3``, never in ``<repo>/.state``) and its own
+``TMPDIR`` (the system temp folder of uploads, so other tests' transfers never show up in the
+leftover check). ``PAPERCLIP_CREATEOS_PACE_MS`` shortens request pacing the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from provider.devtools.host_peer import REPO_ROOT, HostPeer, PeerCallError, wait_until_gone
+from provider.emulator import Emulator
+
+pytestmark = [pytest.mark.anyio, pytest.mark.host]
+
+SHAPE = "s-1vcpu-1gb"
+CALL_TIMEOUT_MS = 120_000
+WORKER_UNAVAILABLE = -32000
+EXIT_GUARD_S = 20.0
+WS = "/paperclip-workspace"
+# A command whose tree outlives its parent: a double-forked sleeper, a setsid one, a loop.
+# (A ``setsid`` child would leave the session, which is what CreateOS calls the process tree.)
+LONG_SCRIPT = "(sleep 300 &); (sleep 301 &); while true; do echo tick; sleep 0.2; done"
+TEMP_PREFIX = ".paperclip-createos-"
+
+
+@dataclass
+class Rig:
+    """The manager with a worker, the emulator, and the worker's private folders."""
+
+    peer: HostPeer
+    emulator: Emulator
+    state_home: Path
+    tmpdir: Path
+    company_id: str = "company-crash"
+    environment_id: str = "env-crash"
+    outcomes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worker_env(self) -> dict[str, str]:
+        return {
+            "XDG_STATE_HOME": str(self.state_home),
+            "TMPDIR": str(self.tmpdir),
+            "PAPERCLIP_CREATEOS_PACE_MS": "20",
+        }
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_home / "paperclip-createos" / "leases.sqlite3"
+
+    async def start(self, *, auto_restart: bool) -> None:
+        await self.peer.start_worker(env=self.worker_env, auto_restart=auto_restart)
+
+    def common(self) -> dict[str, Any]:
+        return {
+            "driverKey": "createos",
+            "companyId": self.company_id,
+            "environmentId": self.environment_id,
+            "config": {
+                "apiUrl": self.emulator.base_url,
+                "apiKey": "test-key",
+                "shape": SHAPE,
+                "timeoutMs": 60_000,
+                "reuseLease": False,
+            },
+        }
+
+    async def call(self, method: str, params: dict[str, Any], **extra: Any) -> Any:
+        return await self.peer.call(method, params, timeout_ms=CALL_TIMEOUT_MS, **extra)
+
+    async def acquire(self) -> dict[str, Any]:
+        lease: dict[str, Any] = await self.call(
+            "environmentAcquireLease", {**self.common(), "runId": "run-crash"}
+        )
+        return lease
+
+    def with_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        return {**self.common(), "lease": {**lease, "expiresAt": None}}
+
+    async def execute(self, lease: dict[str, Any], script: str, **extra: Any) -> dict[str, Any]:
+        params = {**self.with_lease(lease), "command": "bash", "args": ["-c", script]}
+        result: dict[str, Any] = await self.call("environmentExecute", params, **extra)
+        return result
+
+    async def release(self, lease: dict[str, Any]) -> None:
+        ref = {
+            **self.common(),
+            "providerLeaseId": lease["providerLeaseId"],
+            "leaseMetadata": lease["metadata"],
+        }
+        receipt = await self.call("environmentReleaseLease", ref)
+        assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "destroyed"}
+
+    async def in_background(self, name: str, method: str, params: dict[str, Any]) -> None:
+        """Run a call and keep its outcome (result or PeerCallError) under ``name``."""
+        try:
+            self.outcomes[name] = await self.call(method, params, on_log=lambda s, c: None)
+        except PeerCallError as exc:
+            self.outcomes[name] = exc
+
+    def journal_rows(self, table: str) -> int:
+        with sqlite3.connect(self.journal_path) as db:
+            (count,) = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return int(count)
+
+    async def live_trees(self) -> list[dict[str, Any]]:
+        state = await self.emulator.admin.state()
+        return [p for p in state["processes"] if p["tree_alive"]]
+
+    async def kill_worker_and_wait(self, which: str) -> tuple[int, int]:
+        """SIGKILL the Python worker or the shim; wait until both processes are gone."""
+        shim, worker = self.peer.shim_pid(), self.peer.worker_pid()
+        assert shim is not None and worker is not None
+        os.kill(worker if which == "worker" else shim, signal.SIGKILL)
+        assert await wait_until_gone(worker, EXIT_GUARD_S)
+        assert await wait_until_gone(shim, EXIT_GUARD_S)
+        return shim, worker
+
+    async def restart_automatically(self, events_before: int) -> None:
+        crash = await self.peer.wait_for_event("crash", after=events_before, timeout_s=30)
+        assert crash.raw.get("willRestart") is True
+        await self.peer.wait_for_event("ready", after=events_before, timeout_s=30)
+
+
+def temp_leftovers(*folders: Path) -> list[Path]:
+    return sorted(
+        p for d in folders if d.exists() for p in d.iterdir() if p.name.startswith(TEMP_PREFIX)
+    )
+
+
+def repo_state_rows(api_url: str) -> int:
+    """Rows for this test's emulator in the checkout's own journal (it must stay untouched)."""
+    path = REPO_ROOT / ".state" / "leases.sqlite3"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        tables = ("processes", "creates", "unconfirmed")
+        return sum(
+            db.execute(f"SELECT count(*) FROM {t} WHERE api_url=?", (api_url,)).fetchone()[0]
+            for t in tables
+        )
+
+
+@pytest.fixture
+async def rig(emulator: Emulator, tmp_path: Path) -> AsyncIterator[Rig]:
+    state_home, tmpdir = tmp_path / "state", tmp_path / "tmp"
+    tmpdir.mkdir()
+    async with HostPeer(log_file=tmp_path / "peer.log", cwd=tmp_path) as peer:
+        rig = Rig(peer, emulator, state_home, tmpdir)
+        try:
+            yield rig
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(PeerCallError):
+                    await peer.stop_worker()
+    assert repo_state_rows(emulator.base_url) == 0
+
+
+async def sandbox_pids(rig: Rig, sandbox_id: str) -> set[int]:
+    """Host pids of every process living in the sandbox (its supervisor included)."""
+    for sandbox in (await rig.emulator.admin.state())["sandboxes"]:
+        if sandbox["id"] == sandbox_id:
+            return set(sandbox["host_pids"])
+    raise AssertionError(f"sandbox {sandbox_id} is gone")
+
+
+async def start_long_command(rig: Rig, tg: Any, lease: dict[str, Any]) -> dict[str, Any]:
+    """Start LONG_SCRIPT as a host execute; return its live tree once it streams."""
+    ticks: list[str] = []
+    params = {**rig.with_lease(lease), "command": "bash", "args": ["-c", LONG_SCRIPT]}
+
+    async def run() -> None:
+        try:
+            rig.outcomes["execute"] = await rig.call(
+                "environmentExecute", params, on_log=lambda stream, chunk: ticks.append(chunk)
+            )
+        except PeerCallError as exc:
+            rig.outcomes["execute"] = exc
+
+    tg.start_soon(run)
+    with anyio.fail_after(60):
+        while len(ticks) < 3:
+            await anyio.sleep(0.05)
+    trees = await rig.live_trees()
+    assert len(trees) == 1
+    assert len(trees[0]["host_pids"]) >= 4  # bash, both sleepers, the loop's sleep
+    assert rig.journal_rows("processes") == 1  # journaled in the state folder we chose
+    return trees[0]
+
+
+def assert_worker_lost(outcome: object) -> None:
+    assert isinstance(outcome, PeerCallError), outcome
+    assert outcome.code == WORKER_UNAVAILABLE
+
+
+async def test_worker_killed_during_execute_next_call_kills_the_orphan_tree(rig: Rig) -> None:
+    await rig.start(auto_restart=True)
+    lease = await rig.acquire()
+    baseline = await sandbox_pids(rig, lease["providerLeaseId"])
+    async with anyio.create_task_group() as tg:
+        tree = await start_long_command(rig, tg, lease)
+        events_before = len(rig.peer.events)
+        await rig.kill_worker_and_wait("worker")
+    assert_worker_lost(rig.outcomes["execute"])
+    await rig.restart_automatically(events_before)  # the manager's own crash recovery
+
+    # Nobody else would ever stop it: the dead worker's tree still runs in the sandbox.
+    assert [p["process_id"] for p in await rig.live_trees()] == [tree["process_id"]]
+    assert rig.journal_rows("processes") == 1
+
+    after = await rig.execute(lease, "echo after")  # the next call carrying the lease's config
+    assert (after["exitCode"], after["stdout"]) == (0, "after\n")
+    assert await rig.live_trees() == []
+    assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
+    assert rig.journal_rows("processes") == 0
+    assert rig.journal_rows("unconfirmed") == 0  # the kill was confirmed: the lease stays usable
+    assert temp_leftovers(rig.tmpdir) == []
+    await rig.release(lease)
+
+
+async def test_shim_killed_during_execute_the_worker_stops_its_tree_and_exits(rig: Rig) -> None:
+    await rig.start(auto_restart=True)
+    lease = await rig.acquire()
+    baseline = await sandbox_pids(rig, lease["providerLeaseId"])
+    async with anyio.create_task_group() as tg:
+        await start_long_command(rig, tg, lease)
+        events_before = len(rig.peer.events)
+        # SIGKILL to the shim: the worker gets SIGTERM (PR_SET_PDEATHSIG), aborts its work,
+        # kills the tree and exits; kill_worker_and_wait returns once both are gone.
+        await rig.kill_worker_and_wait("shim")
+    assert_worker_lost(rig.outcomes["execute"])
+    assert await rig.live_trees() == []  # stopped by the dying worker itself
+    assert rig.journal_rows("processes") == 0
+    await rig.restart_automatically(events_before)
+
+    after = await rig.execute(lease, "echo after")
+    assert (after["exitCode"], after["stdout"]) == (0, "after\n")
+    assert await rig.live_trees() == []
+    assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
+    assert temp_leftovers(rig.tmpdir) == []
+    await rig.release(lease)
