@@ -129,6 +129,9 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str)
         ("POST", "/v1/sandboxes", 200),
         ("DELETE", f"/v1/sandboxes/{sandbox_id}", 200),
     ]
+    leases = (await server.cli("environment", "leases", environment["id"], "--json")).json()
+    assert [(x["providerLeaseId"], x["status"]) for x in leases] == [(sandbox_id, "released")]
+    assert leases[0]["cleanupStatus"] == "success"  # the host accepted our release receipt
 
     # --- probe-config: the host calls our environmentProbe with the draft config -------------
     draft = {"driver": "sandbox", "config": {**config, "apiUrl": emu.base_url}}
