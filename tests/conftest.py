@@ -31,4 +31,12 @@ async def emulator() -> AsyncIterator[Emulator]:
     async with emu:
         yield emu
     leaked = emu.leaked_host_pids()
-    assert leaked == [], f"sandbox processes left alive after emulator stop: {leaked}"
+    if leaked:  # pragma: no cover - diagnostics for a failing teardown
+        details = {}
+        for pid in leaked:
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    details[pid] = fh.read()[:120]
+            except OSError:
+                details[pid] = "gone"
+    assert leaked == [], f"sandbox processes left alive after emulator stop: {leaked} {details}"

@@ -199,6 +199,7 @@ class Admin:
             if status != "destroying":
                 sandbox.finish_destroy()
             sandbox.status = status
+            sandbox.clear_stale()
         elif sandbox.status in LIVE:
             await sandbox.force_status(status)
         else:

@@ -56,6 +56,24 @@ class BwrapUnavailable(RuntimeError):
     """bwrap is missing or cannot create the namespaces a sandbox needs."""
 
 
+def check_reachable(path: Path, runtime: GuestRuntime) -> None:
+    """Raise ValueError when bwrap (running as the guest uid) could not reach ``path``."""
+    if runtime.drop_to_uid is None:
+        return
+    done = subprocess.run(
+        ["test", "-x", str(path)],
+        check=False,
+        user=runtime.drop_to_uid,
+        group=runtime.drop_to_uid,
+        extra_groups=[],
+    )
+    if done.returncode != 0:
+        raise ValueError(
+            f"data dir {path} is not reachable by uid {runtime.drop_to_uid}, which runs the "
+            "sandboxes: every parent directory needs o+x; choose another data dir"
+        )
+
+
 @dataclass(frozen=True)
 class GuestRuntime:
     """How sandboxes are launched on this host (decided once by :func:`probe_runtime`)."""
@@ -169,10 +187,17 @@ def _try_runtime(runtime: GuestRuntime) -> str | None:
 
 @functools.cache
 def probe_runtime() -> GuestRuntime:
-    """Find bwrap and check that it can build a sandbox here (cached per process)."""
-    found = shutil.which("bwrap") or ("/usr/bin/bwrap" if Path("/usr/bin/bwrap").exists() else "")
+    """Find bwrap (``$CREATEOS_EMULATOR_BWRAP`` overrides) and check that it can build a
+    sandbox here (cached per process)."""
+    override = os.environ.get("CREATEOS_EMULATOR_BWRAP")
+    if override:
+        found = override if Path(override).is_file() else ""
+    else:
+        found = shutil.which("bwrap") or (
+            "/usr/bin/bwrap" if Path("/usr/bin/bwrap").exists() else ""
+        )
     if not found:
-        raise BwrapUnavailable(f"bwrap not found on PATH: {INSTALL_HINT}")
+        raise BwrapUnavailable(f"bwrap not found: {INSTALL_HINT}")
     python, bind = _guest_python()
     reasons = []
     candidates = []

@@ -61,7 +61,7 @@ def scan_host(namespaces: Mapping[str, float | None]) -> dict[str, list[HostProc
                 continue
             status = (entry / "status").read_text()
             ended = namespaces[ns]
-            if ended is not None and _start_ticks(entry) > ended + TICKS:
+            if ended is not None and _start_ticks(entry) > ended + 1:
                 continue
         except (OSError, ValueError, IndexError):
             continue

@@ -33,6 +33,10 @@ class ClientGone(Exception):
     """The client closed the connection before its request body was complete."""
 
 
+class StreamCut(Exception):
+    """Raised by a streaming body to close the connection abruptly (no final chunk)."""
+
+
 @dataclass
 class FileBody:
     """An open file to send with ``sendfile``; the server closes ``fd`` afterwards."""
@@ -375,7 +379,9 @@ class HTTPServer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conn.watch_hangup, tg.cancel_scope)
-                async for buffers in stream:
+                async for buffers in _until_cut(stream):
+                    if buffers is None:
+                        break
                     if budget is not None:
                         buffers = _truncate(buffers, budget)
                         budget -= sum(len(b) for b in buffers)
@@ -394,6 +400,15 @@ class HTTPServer:
                 if aclose is not None:
                     await aclose()
         return complete
+
+
+async def _until_cut(stream: AsyncIterator[list[bytes]]) -> AsyncIterator[list[bytes] | None]:
+    """Pass ``stream`` through; a ``StreamCut`` becomes a final None (close abruptly)."""
+    try:
+        async for buffers in stream:
+            yield buffers
+    except StreamCut:
+        yield None
 
 
 def _truncate(buffers: list[bytes], budget: int) -> list[bytes]:

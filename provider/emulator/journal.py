@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from .http import StreamCut
+
 FRAME_MAX = 256 * 1024  # raw bytes per data frame (at most a quarter of the journal)
 FRAME_TAIL = b'"}\n'
 MAX_FRAMES = 65536  # bound on retained frame objects whatever their size
@@ -221,7 +223,7 @@ async def follow(
                 sent += len(frames)
                 journal.advanced()
                 if frame_limit is not None and sent >= frame_limit:
-                    return
+                    raise StreamCut("fault: cut after frames")
                 continue
             if journal.exit_line is not None:
                 yield [journal.exit_line]

@@ -265,6 +265,7 @@ class Sandbox:
         elif status == "running":
             await self.freeze(False)
         self._set_status(status)
+        self._stale = None
 
     async def kill_guest(self) -> None:
         """Kill every process of the sandbox now (idempotent)."""
@@ -313,6 +314,9 @@ class Sandbox:
     def finish_destroy(self) -> None:
         if self.status != "destroyed":
             self._set_status("destroyed")
+
+    def clear_stale(self) -> None:
+        self._stale = None
 
     # -- guest operations ---------------------------------------------------------------
     def base_env(self, overrides: dict[str, str]) -> dict[str, str]:

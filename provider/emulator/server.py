@@ -15,7 +15,7 @@ import anyio.abc
 
 from . import routes_exec, routes_processes, routes_sandboxes
 from .admin import Admin
-from .bwrap import probe_runtime
+from .bwrap import check_reachable, probe_runtime
 from .client import EmulatorAdmin
 from .core import EmulatorCore
 from .hostscan import scan_host
@@ -62,6 +62,11 @@ class Emulator:
     async def __aenter__(self) -> Emulator:
         runtime = await anyio.to_thread.run_sync(probe_runtime)
         data_dir = await anyio.to_thread.run_sync(self._prepare_data_dir)
+        try:
+            await anyio.to_thread.run_sync(check_reachable, data_dir, runtime)
+        except ValueError:
+            await self._cleanup()
+            raise
         core = EmulatorCore(
             api_keys=self._api_keys,
             data_dir=data_dir,
