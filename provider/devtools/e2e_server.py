@@ -304,30 +304,33 @@ class PaperclipServer:
     # --- stop --------------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """Stop the server (and its plugin workers), then PostgreSQL; idempotent."""
-        with anyio.move_on_after(SERVER_STOP_S + 45):
-            process, self._process = self._process, None
-            if process is not None:
-                ours = [process.pid, *descendants(process.pid)]
+        """Stop the server (and its plugin workers), then PostgreSQL; idempotent, bounded."""
+        process, self._process = self._process, None
+        if process is not None:
+            ours = [process.pid, *descendants(process.pid)]
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                with anyio.move_on_after(SERVER_STOP_S):
+                    await process.wait()
                 if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-                    with anyio.move_on_after(SERVER_STOP_S):
+                    _kill_group(process.pid, signal.SIGKILL)
+                    with anyio.move_on_after(10):
                         await process.wait()
-                    if process.returncode is None:
-                        _kill_group(process.pid, signal.SIGKILL)
-                        await process.wait()
-                await process.aclose()
-                await self._reap(ours)
-            if self._log_file is not None:
-                self._log_file.close()
-                self._log_file = None
-            if self._pg_started:
-                self._pg_started = False
-                try:
+            await process.aclose()
+            await self._reap(ours)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._pg_started:
+            self._pg_started = False
+            cluster = []
+            if self.postmaster_pid is not None:
+                cluster = [self.postmaster_pid, *descendants(self.postmaster_pid)]
+            try:
+                with anyio.fail_after(60):  # pg_ctl itself gives up after 30 s
                     await self._script("postgres.sh", "stop", str(self.pg_dir))
-                finally:
-                    if self.postmaster_pid is not None:
-                        await self._reap([self.postmaster_pid])
+            finally:
+                await self._reap(cluster)
 
     async def _reap(self, pids: Sequence[int]) -> None:
         """Wait briefly for ``pids`` to end; SIGKILL and record the ones that do not."""
