@@ -14,6 +14,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,14 @@ def _sandbox_calls(requests: list[dict[str, Any]]) -> list[tuple[str, str, int]]
 async def _new_requests(emu: EmulatorProcess, seen: int) -> tuple[list[dict[str, Any]], int]:
     requests = await emu.admin.requests(since=seen)
     return requests, max([seen, *(r["seq"] for r in requests)])
+
+
+async def _logged(server: PaperclipServer, needle: str) -> list[Mapping[str, Any]]:
+    """The server's log entries containing ``needle``, waiting for pino to flush one."""
+    with anyio.fail_after(10):
+        while not (found := json_lines(server.log_text(), needle)):
+            await anyio.sleep(0.1)
+    return found
 
 
 async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str) -> None:
@@ -145,8 +154,14 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str)
     assert "CreateOS" in result["summary"]  # our environmentProbe's summary, not the host's
     requests, seen = await _new_requests(emu, seen)
     calls = _sandbox_calls(requests)
-    assert [c[0] for c in calls] == ["POST", "DELETE"]
-    assert calls[1][1] not in (f"/v1/sandboxes/{sandbox_id}", "/v1/sandboxes")
+    assert len(calls) == 2
+    draft_sandbox = calls[1][1].rsplit("/", 1)[-1]
+    assert draft_sandbox.startswith("sb_")
+    assert draft_sandbox != sandbox_id
+    assert calls == [
+        ("POST", "/v1/sandboxes", 200),
+        ("DELETE", f"/v1/sandboxes/{draft_sandbox}", 200),
+    ]
 
     # --- an invalid config: our validation message is the HTTP 422 ---------------------------
     bad = {**config, "apiUrl": "http://example.com"}  # fine for the JSON schema, not for us
@@ -176,7 +191,7 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str)
     assert after_disable["status"] == "disabled"
     for pid in first_workers:
         assert await wait_until_gone(pid, WORKER_EXIT_S), f"worker process {pid} outlived disable"
-    stopped = json_lines(server.log_text(), "worker process stopped")
+    stopped = await _logged(server, "worker process stopped")
     assert {"pluginId": plugin_id, "code": 0, "signal": None}.items() <= stopped[-1].items()
 
     await server.cli("plugin", "enable", PLUGIN_KEY)
