@@ -9,8 +9,9 @@ retried on transport errors and HTTP 408, 429, 500, 502, 503, 504; POST only on 
 provably did nothing), which also holds for sandbox and process creation. At most
 ``max_retries`` extra attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise
 ``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A wait that would pass the
-caller's anyio deadline is not started: the error is raised at once. Streams (``connect``,
-``get_file``) are never retried here.
+caller's anyio deadline is not started: the error is raised at once. The output stream
+(``connect``) is never retried here (its reader reconnects); a download (``get_file``) is
+retried only while opening, never once its body has started.
 """
 
 from __future__ import annotations
@@ -219,18 +220,24 @@ class CreateOSClient:
             finally:
                 if body is not None:
                     body.close()
-            if retryable and attempt < self._max_retries:
-                await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
-                delay = backoff_delay(
-                    attempt, self._backoff_base, retry_after, jitter=random.uniform
-                )
-                if delay <= MAX_RETRY_AFTER and _fits_deadline(delay):
-                    await _sleep(delay)
-                    attempt += 1
-                    continue
+            if retryable and await self._backoff(attempt, retry_after):
+                attempt += 1
+                continue
             if cause is not None:
                 raise error from cause
             raise error
+
+    async def _backoff(self, attempt: int, retry_after: float | None) -> bool:
+        """Wait before retry ``attempt + 1``; False when no retry is left or the wait would
+        pass ``MAX_RETRY_AFTER`` or the caller's deadline (the error is then raised)."""
+        if attempt >= self._max_retries:
+            return False
+        await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
+        delay = backoff_delay(attempt, self._backoff_base, retry_after, jitter=random.uniform)
+        if delay > MAX_RETRY_AFTER or not _fits_deadline(delay):
+            return False
+        await _sleep(delay)
+        return True
 
     async def _json_call(
         self,
@@ -262,18 +269,40 @@ class CreateOSClient:
         accept: str,
         params: Mapping[str, str | int] | None = None,
         limits: httpx.Timeout,
+        retry_open: bool = False,
     ) -> AsyncIterator[AsyncIterator[bytes]]:
-        await self._pacer.wait_turn()
-        request = self._http.build_request(
-            "GET", url, params=params, headers={"Accept": accept}, timeout=limits
-        )
+        """A streamed GET. With ``retry_open``, opening it (up to the response head) is retried
+        like any idempotent request; a body cut once it has started is never retried here."""
+        attempt = 0
+        while True:
+            await self._pacer.wait_turn()
+            request = self._http.build_request(
+                "GET", url, params=params, headers={"Accept": accept}, timeout=limits
+            )
+            cause: httpx.RequestError | None = None
+            retry_after: float | None = None
+            error: CreateOSError
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.RequestError as exc:
+                cause, error = exc, _connection_error(operation, exc)
+                retryable = retry_open
+            else:
+                if 200 <= response.status_code < 300:
+                    break
+                await response.aclose()
+                error = _error_for(response, operation)
+                retryable = retry_open and (
+                    isinstance(error, APIStatusError) and error.status in _IDEMPOTENT_RETRY
+                )
+                retry_after = error.retry_after if isinstance(error, APIStatusError) else None
+            if retryable and await self._backoff(attempt, retry_after):
+                attempt += 1
+                continue
+            if cause is not None:
+                raise error from cause
+            raise error
         try:
-            response = await self._http.send(request, stream=True)
-        except httpx.RequestError as exc:
-            raise _connection_error(operation, exc) from exc
-        try:
-            if not 200 <= response.status_code < 300:
-                raise _error_for(response, operation)
             body = _Body(response, operation)
             try:
                 yield body
@@ -469,13 +498,18 @@ class CreateOSClient:
     def get_file(
         self, sandbox_id: str, path: str
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
-        """``GET .../files?path=`` as raw body chunks (not retried; errors raised on enter)."""
+        """``GET .../files?path=`` as raw body chunks; errors are raised on enter.
+
+        A GET is idempotent (createos-api.md 1.8), so opening the download is retried like
+        other GETs; once body bytes flow, a cut is raised to the caller (no silent restart).
+        """
         require_id(sandbox_id, "sandbox")
         return self._stream(
             _file_url(sandbox_id, path),
             operation="download file",
             accept="application/octet-stream, application/json",
             limits=FILE_TIMEOUT,
+            retry_open=True,
         )
 
 
