@@ -260,3 +260,110 @@ async def test_shim_killed_during_execute_the_worker_stops_its_tree_and_exits(ri
     assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
     assert temp_leftovers(rig.tmpdir) == []
     await rig.release(lease)
+
+
+def sync_params(rig: Rig, lease: dict[str, Any], **operation: Any) -> dict[str, Any]:
+    return {**rig.with_lease(lease), "operations": [{"operationId": "op-1", **operation}]}
+
+
+def kill_when_partial(worker_pid: int, data_file: Path, total: int) -> int | None:
+    """SIGKILL the worker once its download file holds some but not all bytes; the size seen.
+
+    Called between event-loop turns: the emulator serves the download from this very loop, so
+    no more bytes leave it between this check and the kill.
+    """
+    try:
+        size = data_file.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None
+    os.kill(worker_pid, signal.SIGKILL)
+    return size
+
+
+async def test_worker_killed_during_a_large_download_leaves_no_temp_files(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await rig.start(auto_restart=False)
+    lease = await rig.acquire()
+    total = 256 << 20
+    made = await rig.execute(lease, f"truncate -s {total} {WS}/big.bin")
+    assert made["exitCode"] == 0
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    target = out_dir / "big.bin"
+    target.write_bytes(b"previous contents")
+    mapping = {"sourcePath": f"{WS}/big.bin", "targetPath": str(target), "kind": "file"}
+    worker_pid = rig.peer.worker_pid()
+    assert worker_pid is not None
+    seen: int | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            rig.in_background,
+            "sync",
+            "environmentSyncOut",
+            sync_params(rig, lease, files=[mapping]),
+        )
+        with anyio.fail_after(120):
+            while seen is None:
+                assert "sync" not in rig.outcomes, rig.outcomes
+                data_files = [d / "data" for d in temp_leftovers(out_dir)]
+                if not data_files:
+                    await anyio.sleep(0.01)
+                    continue
+                seen = kill_when_partial(worker_pid, data_files[0], total)
+                await anyio.lowlevel.checkpoint()
+    assert seen is not None and 0 < seen < total  # killed mid-transfer
+    assert await wait_until_gone(worker_pid, EXIT_GUARD_S)
+    assert_worker_lost(rig.outcomes["sync"])
+    assert len(temp_leftovers(out_dir)) == 1  # what the crash left behind
+    assert rig.journal_rows("tempdirs") == 1
+
+    await rig.peer.stop_worker()  # restart by hand this time: stopWorker + startWorker
+    await rig.start(auto_restart=False)
+    after = await rig.execute(lease, "true")
+    assert after["exitCode"] == 0
+    assert temp_leftovers(out_dir, rig.tmpdir) == []
+    assert target.read_bytes() == b"previous contents"  # only a complete download is renamed
+    assert rig.journal_rows("tempdirs") == 0
+    assert await rig.live_trees() == []
+    await rig.release(lease)
+
+
+async def test_worker_killed_during_an_upload_leaves_no_temp_files(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await rig.start(auto_restart=True)
+    lease = await rig.acquire()
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (source / name).write_bytes(os.urandom(16 << 20))
+    mapping = {"sourcePath": str(source), "targetPath": f"{WS}/src", "kind": "directory"}
+    core = rig.emulator.core
+    assert core is not None
+    # The emulator takes the upload and sits on it: the archive's PUT stays in flight.
+    await rig.emulator.admin.add_fault("PUT", r"^/v1/sandboxes/[^/]+/files$", delay_ms=120_000)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            rig.in_background, "sync", "environmentSyncIn", sync_params(rig, lease, files=[mapping])
+        )
+        with anyio.fail_after(60):
+            while core.faults:  # taken when the PUT arrives
+                assert "sync" not in rig.outcomes, rig.outcomes
+                await anyio.sleep(0.01)
+        [workdir] = temp_leftovers(rig.tmpdir)
+        assert (workdir / "data").stat().st_size > 32 << 20  # the archive being uploaded
+        events_before = len(rig.peer.events)
+        await rig.kill_worker_and_wait("worker")
+    assert_worker_lost(rig.outcomes["sync"])
+    await rig.restart_automatically(events_before)
+    assert temp_leftovers(rig.tmpdir) == [workdir]
+
+    probe = await rig.call("environmentProbe", rig.common())  # any call with the config will do
+    assert probe["ok"] is True, probe
+    assert temp_leftovers(rig.tmpdir) == []
+    assert rig.journal_rows("tempdirs") == 0
+    assert await rig.live_trees() == []
+    await rig.release(lease)
