@@ -163,6 +163,7 @@ class DriverService:
                 cleanup_timeout=call.timeout,
                 log=self.log,
                 journal=self.runtime.journal,
+                record=JournaledProcesses(self.runtime.journal, scope),
             )
             async with self._poison_on_unconfirmed(scope):
                 with deadline(call.timeout, "The file sync"):

@@ -21,7 +21,7 @@ import anyio
 from provider.createos.client import CreateOSClient
 from provider.driver import shell
 from provider.driver.archive import build_directory_archive, extract_archive
-from provider.driver.execute import CommandSpec, run_command
+from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import ROOT
 from provider.driver.sync_plan import FileMapping, PlannedOperation
@@ -44,12 +44,16 @@ class SyncSession:
         cleanup_timeout: float,
         log: LogSink | None,
         journal: LeaseJournal | None = None,
+        record: ProcessRecord | None = None,
     ) -> None:
+        """``journal`` records host temp folders, ``record`` the sandbox processes (control
+        and post-upload commands), so a worker crash leaves neither behind for good."""
         self.client = client
         self.sandbox_id = sandbox_id
         self.cleanup_timeout = cleanup_timeout
         self.log = log
         self.journal = journal
+        self.record = record
 
     async def _new_workdir(self, parent: Path | None) -> Path:
         """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
@@ -224,6 +228,7 @@ class SyncSession:
             ),
             on_output=None,
             cleanup_timeout=self.cleanup_timeout,
+            record=self.record,
         )
         if result["timedOut"]:
             raise TransferError(f"{what} timed out in the sandbox.")

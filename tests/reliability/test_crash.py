@@ -367,3 +367,35 @@ async def test_worker_killed_during_an_upload_leaves_no_temp_files(
     assert rig.journal_rows("tempdirs") == 0
     assert await rig.live_trees() == []
     await rig.release(lease)
+
+
+async def test_worker_killed_during_a_post_upload_command_next_call_kills_it(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await rig.start(auto_restart=True)
+    lease = await rig.acquire()
+    baseline = await sandbox_pids(rig, lease["providerLeaseId"])
+    source = tmp_path / "file.txt"
+    source.write_text("payload\n")
+    mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
+    command = {"command": "(sleep 300 &); (sleep 301 &); sleep 302", "timeoutMs": 600_000}
+    params = sync_params(rig, lease, files=[mapping], postUploadCommands=[command])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.in_background, "sync", "environmentSyncIn", params)
+        with anyio.fail_after(60):
+            while not [t for t in await rig.live_trees() if len(t["host_pids"]) >= 3]:
+                assert "sync" not in rig.outcomes, rig.outcomes
+                await anyio.sleep(0.05)
+        events_before = len(rig.peer.events)
+        await rig.kill_worker_and_wait("worker")
+    assert_worker_lost(rig.outcomes["sync"])
+    await rig.restart_automatically(events_before)
+    assert len(await rig.live_trees()) == 1  # the host-authored command outlived the worker
+
+    after = await rig.execute(lease, f"cat {WS}/file.txt")
+    assert (after["exitCode"], after["stdout"]) == (0, "payload\n")
+    assert await rig.live_trees() == []
+    assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
+    assert rig.journal_rows("processes") == 0
+    assert temp_leftovers(rig.tmpdir) == []
+    await rig.release(lease)
