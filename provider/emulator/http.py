@@ -27,6 +27,7 @@ log = logging.getLogger("provider.emulator")
 RECV_SIZE = 256 * 1024
 MAX_IOV = 512
 DRAIN_LIMIT = 8 << 20
+THREAD_SEND_BYTES = 512 * 1024
 
 
 class ClientGone(Exception):
@@ -191,8 +192,14 @@ class Connection:
     async def send_buffers(self, buffers: list[bytes]) -> None:
         views = [memoryview(b) for b in buffers if b]
         while views:
+            batch = views[:MAX_IOV]
             try:
-                sent = self.sock.sendmsg(views[:MAX_IOV])
+                if sum(len(v) for v in batch) >= THREAD_SEND_BYTES:
+                    # Large copies into the socket run off the loop thread (the GIL is
+                    # released), overlapping with base64 encoding of the next frames.
+                    sent = await anyio.to_thread.run_sync(self.sock.sendmsg, batch)
+                else:
+                    sent = self.sock.sendmsg(batch)
             except BlockingIOError:
                 await anyio.wait_writable(self.sock)
                 continue

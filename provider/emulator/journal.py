@@ -20,7 +20,7 @@ import anyio
 
 from .http import StreamCut
 
-FRAME_MAX = 256 * 1024  # raw bytes per data frame (at most a quarter of the journal)
+FRAME_MAX = 128 * 1024  # raw bytes per data frame (at most a quarter of the journal)
 FRAME_TAIL = b'"}\n'
 MAX_FRAMES = 65536  # bound on retained frame objects whatever their size
 HEARTBEAT_LINE = b'{"type":"heartbeat"}\n'
@@ -126,7 +126,7 @@ class Journal:
         """A cursor moved forward: wake a producer waiting for room."""
         self._notify()
 
-    async def append(self, stream: str, data: bytes) -> None:
+    async def append(self, stream: str, data: bytes | memoryview) -> None:
         """Journal one chunk read from ``stream``; may wait for a slow attached reader."""
         step = min(FRAME_MAX, max(1024, self._limits().journal_bytes // 4))
         for start in range(0, len(data), step):

@@ -56,12 +56,18 @@ def prepare_read_fd(fd: int) -> None:
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
 
 
-async def run_pump(pump: Pump, on_chunk: Callable[[bytes], Awaitable[None]]) -> None:
-    """Read ``pump.fd`` until EOF, handing every chunk to ``on_chunk``; closes the fd."""
+async def run_pump(pump: Pump, on_chunk: Callable[[memoryview], Awaitable[None]]) -> None:
+    """Read ``pump.fd`` until EOF, handing every chunk to ``on_chunk``; closes the fd.
+
+    Reads land in one reused buffer (no allocation per read); ``on_chunk`` gets a view that is
+    only valid until it returns.
+    """
+    buffer = bytearray(READ_SIZE)
+    view = memoryview(buffer)
     try:
         while True:
             try:
-                data = os.read(pump.fd, READ_SIZE)
+                size = os.readv(pump.fd, [buffer])
             except BlockingIOError:
                 pump.parked = True
                 try:
@@ -69,9 +75,9 @@ async def run_pump(pump: Pump, on_chunk: Callable[[bytes], Awaitable[None]]) -> 
                 finally:
                     pump.parked = False
                 continue
-            if not data:
+            if not size:
                 break
-            await on_chunk(data)
+            await on_chunk(view[:size])
     finally:
         pump.eof = True
         os.close(pump.fd)
@@ -219,8 +225,8 @@ class ManagedProcess:
             await self.watch.tree_gone.wait()
             self.stdin.close()
 
-    def _journal_to(self, stream: str) -> Callable[[bytes], Awaitable[None]]:
-        async def on_chunk(data: bytes) -> None:
+    def _journal_to(self, stream: str) -> Callable[[memoryview], Awaitable[None]]:
+        async def on_chunk(data: memoryview) -> None:
             await self.journal.append(stream, data)
 
         return on_chunk
@@ -260,9 +266,9 @@ async def run_exec(
     for pump in pumps:
         prepare_read_fd(pump.fd)
 
-    def sink(stream: str) -> Callable[[bytes], Awaitable[None]]:
-        async def on_chunk(data: bytes) -> None:
-            await on_output(stream, data)
+    def sink(stream: str) -> Callable[[memoryview], Awaitable[None]]:
+        async def on_chunk(data: memoryview) -> None:
+            await on_output(stream, bytes(data))
 
         return on_chunk
 

@@ -89,3 +89,28 @@ async def test_no_redirects_unknown_routes_and_methods(emulator: Emulator) -> No
         assert "location" not in slash.headers
         assert (await client.get("/v1/nothing")).status_code == 404
         assert (await client.put("/v1/sandboxes")).status_code == 405
+
+
+async def test_rate_limit_answers_429_with_retry_after(emulator: Emulator) -> None:
+    await emulator.admin.settings(rate_limit=True, rate_limit_per_minute=5)
+    async with api(emulator) as client:
+        codes = [(await client.get("/healthz")).status_code for _ in range(5)]
+        assert codes == [200] * 5
+        limited = await client.get("/v1/sandboxes")
+        assert limited.status_code == 429
+        assert 1 <= int(limited.headers["retry-after"]) <= 60
+        assert limited.json()["status"] == "fail"
+        assert (await emulator.admin.state())["sandboxes"] == []
+        await emulator.admin.settings(rate_limit=False)
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_ipv6_loopback_listener(emulator: Emulator) -> None:
+    try:
+        emu = Emulator(api_keys=["k"], host="::1")
+        async with emu, httpx.AsyncClient(base_url=emu.base_url) as client:
+            assert emu.base_url.startswith("http://[::1]:")
+            assert (await client.get("/healthz")).status_code == 200
+            assert (await emu.admin.state())["sandboxes"] == []
+    except OSError as exc:  # no IPv6 on this host
+        pytest.skip(f"IPv6 loopback unavailable: {exc}")
