@@ -1,0 +1,347 @@
+"""Hostile input through the real dispatcher and driver, against the emulator.
+
+Command values and env that a shell would misread, NUL bytes, wrong param types for every verb,
+oversized command lines, and host paths with ``..`` and symlinked parents in sync.
+
+Host-path rules (provider-behavior.md 5.2/5.6): host paths must be absolute and are otherwise
+trusted, so ``..`` and symlinks in them resolve the way the OS resolves them; we never rewrite a
+path lexically. What must hold whatever the path: only a complete download is renamed onto a file
+target, the temp folder lives in the target's (resolved) parent and is gone afterwards, a final
+component that is a symlink is *replaced* (file) or refused (directory), never written through,
+and with ``followSymlinks`` the containment root is the source's real path.
+
+(Archive validation is fuzzed in tests/driver/test_archive_property.py; not repeated here.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from provider.driver.journal import LeaseJournal
+from provider.driver.runtime import DriverRuntime
+from provider.driver.service import DriverService
+from provider.emulator import Emulator
+from provider.rpc.dispatcher import Dispatcher
+from tests.driver.conftest import unpaced_client
+from tests.rpc.harness import FakeHost, serving
+
+pytestmark = pytest.mark.anyio
+
+SHAPE = "s-1vcpu-1gb"
+WS = "/paperclip-workspace"
+INVALID_PARAMS = -32602
+WORKER_ERROR = -32002
+SENTINEL = "SENTINEL-7f3a"  # planted in refused values: no error message may repeat it
+
+
+@dataclass
+class Rig:
+    host: FakeHost
+    emulator: Emulator
+    systmp: Path
+    company_id: str = "company-hostile"
+    environment_id: str = "env-hostile"
+    leases: list[dict[str, Any]] = field(default_factory=list)
+
+    def common(self) -> dict[str, Any]:
+        return {
+            "driverKey": "createos",
+            "companyId": self.company_id,
+            "environmentId": self.environment_id,
+            "config": {
+                "apiUrl": self.emulator.base_url,
+                "apiKey": "test-key",
+                "shape": SHAPE,
+                "timeoutMs": 60_000,
+                "reuseLease": False,
+            },
+        }
+
+    def fake_lease(self) -> dict[str, Any]:
+        """Owned by this environment but never acquired: any HTTP use of it would show."""
+        metadata = {
+            "provider": "createos",
+            "apiUrl": self.emulator.base_url,
+            "companyId": self.company_id,
+            "environmentId": self.environment_id,
+            "marker": "0" * 36,
+        }
+        return {"providerLeaseId": "sb_never_acquired", "metadata": metadata, "expiresAt": None}
+
+    async def call(self, method: str, params: Any) -> dict[str, Any]:
+        return await self.host.request(method, params)
+
+    async def result(self, method: str, params: Any) -> Any:
+        response = await self.call(method, params)
+        assert "result" in response, response
+        return response["result"]
+
+    async def lease(self) -> dict[str, Any]:
+        """One real lease per test, acquired on first use."""
+        if not self.leases:
+            lease = await self.result("environmentAcquireLease", {**self.common(), "runId": "r"})
+            self.leases.append({**lease, "expiresAt": None})
+        return self.leases[0]
+
+    async def execute(self, **params: Any) -> dict[str, Any]:
+        lease = await self.lease()
+        result: dict[str, Any] = await self.result(
+            "environmentExecute", {**self.common(), "lease": lease, **params}
+        )
+        return result
+
+    async def sync(self, direction: str, *files: dict[str, Any]) -> dict[str, Any]:
+        lease = await self.lease()
+        params = {
+            **self.common(),
+            "lease": lease,
+            "operations": [{"operationId": "op-1", "files": list(files)}],
+        }
+        return await self.call(f"environmentSync{direction}", params)
+
+    async def request_count(self) -> int:
+        return len(await self.emulator.admin.requests())
+
+    async def live_trees(self) -> list[dict[str, Any]]:
+        return [p for p in (await self.emulator.admin.state())["processes"] if p["tree_alive"]]
+
+
+@pytest.fixture
+async def rig(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Rig]:
+    systmp = tmp_path / "systmp"  # the worker's system temp folder, private to this test
+    systmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))
+    journal = LeaseJournal(tmp_path / "state" / "leases.sqlite3")
+    runtime = DriverRuntime(client_factory=unpaced_client, environ={}, journal=journal)
+    channel: list[Dispatcher] = []
+
+    async def notify(method: str, params: dict[str, Any]) -> None:
+        await channel[0].notify(method, params)
+
+    async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
+        await channel[0].log(level, message, meta)
+
+    service = DriverService(runtime, notify=notify, log=log)
+    dispatcher = Dispatcher(service.table(), on_shutdown=service.shutdown, initialized=True)
+    channel.append(dispatcher)
+    async with serving(dispatcher) as host:
+        rig = Rig(host, emulator, systmp)
+        yield rig
+        for lease in rig.leases:
+            ref = {
+                **rig.common(),
+                "providerLeaseId": lease["providerLeaseId"],
+                "leaseMetadata": lease["metadata"],
+            }
+            receipt = await rig.result("environmentReleaseLease", ref)
+            assert receipt["state"] == "destroyed"
+    assert temp_leftovers(systmp) == []
+
+
+def temp_leftovers(*folders: Path) -> list[str]:
+    return [
+        p.name
+        for d in folders
+        if d.exists()
+        for p in d.iterdir()
+        if p.name.startswith(".paperclip-createos-")
+    ]
+
+
+# --- command values and env ----------------------------------------------------------------------
+
+CLASSICS = [
+    "'",
+    '"',
+    "'\"'\"'",
+    "$(touch /tmp/pwned)",
+    "`touch /tmp/pwned`",
+    "; touch /tmp/pwned",
+    "| touch /tmp/pwned",
+    "&& touch /tmp/pwned #",
+    "$HOME ${IFS} $0 $@ $$",
+    "\\",
+    "\\'",
+    "*",
+    "~",
+    "-n",
+    "--",
+    "a\nb",
+    "\n",
+    "\r\n",
+    "\t",
+    "!!",
+    "é😀\u2028\u0085",
+    "x" * 4096,
+]
+# Printed back by the command itself, as JSON; stdin is read as bytes (no newline translation).
+REPORTER = (
+    "import json, os, sys\n"
+    "names = [n for n in os.environ['HOSTILE_NAMES'].split(',') if n]\n"
+    "print(json.dumps({'argv': sys.argv[1:], 'env': {n: os.environ.get(n) for n in names},\n"
+    "    'stdin': sys.stdin.buffer.read().decode(), 'cwd': os.getcwd(),\n"
+    "    'pwned': os.path.exists('/tmp/pwned')}))\n"
+)
+no_nul = st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))
+hostile_text = st.sampled_from(CLASSICS) | st.text(no_nul, max_size=40)
+env_name = st.from_regex(r"[A-Za-z0-9_]{0,12}", fullmatch=True).map(lambda n: "H_" + n)
+dir_name = (
+    st.text(st.characters(blacklist_characters="\x00/", blacklist_categories=("Cs",)), min_size=1)
+    .map(lambda n: n[:40])
+    .filter(lambda n: n not in (".", ".."))
+)
+
+
+@settings(
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    args=st.lists(hostile_text, max_size=8),
+    env=st.dictionaries(env_name, hostile_text, max_size=5),
+    stdin=st.none() | st.text(st.characters(blacklist_categories=("Cs",)), max_size=200),
+    cwd_name=dir_name | st.sampled_from(["my dir", "$(touch /tmp/pwned)", "'", "a\nb", "-x"]),
+)
+async def test_hostile_command_values_arrive_verbatim_and_nothing_is_evaluated(
+    rig: Rig, args: list[str], env: dict[str, str], stdin: str | None, cwd_name: str
+) -> None:
+    cwd = f"{WS}/{cwd_name}"
+    made = await rig.execute(command="mkdir", args=["-p", "--", cwd])
+    assert made["exitCode"] == 0, made
+    params: dict[str, Any] = {
+        "command": "python3",
+        "args": ["-c", REPORTER, *args],
+        "env": {**env, "HOSTILE_NAMES": ",".join(env)},
+        "cwd": cwd,
+    }
+    if stdin is not None:
+        params["stdin"] = stdin  # NUL is fine here: stdin is staged as a file
+    result = await rig.execute(**params)
+    assert result["exitCode"] == 0, result
+    report = json.loads(result["stdout"])
+    assert report == {
+        "argv": args,
+        "env": env,
+        "stdin": stdin or "",
+        "cwd": cwd,
+        "pwned": False,
+    }
+
+
+def refused_cases() -> list[tuple[str, str, Any, tuple[int, ...]]]:
+    """(label, verb, params or a params transform, accepted codes)."""
+    s = SENTINEL
+    bad_types: list[tuple[str, str, dict[str, Any]]] = [
+        ("validate without config", "environmentValidateConfig", {"driverKey": "createos"}),
+        ("probe companyId int", "environmentProbe", {"companyId": 7}),
+        ("probe config list", "environmentProbe", {"config": [s]}),
+        ("acquire runId int", "environmentAcquireLease", {"runId": 5}),
+        ("acquire environmentId null", "environmentAcquireLease", {"environmentId": None}),
+        ("resume lease id int", "environmentResumeLease", {"providerLeaseId": 5}),
+        ("resume metadata str", "environmentResumeLease", {"leaseMetadata": s}),
+        ("release cancelActiveWork str", "environmentReleaseLease", {"cancelActiveWork": s}),
+        ("destroy lease id list", "environmentDestroyLease", {"providerLeaseId": [s]}),
+        ("realize lease str", "environmentRealizeWorkspace", {"lease": s}),
+        ("realize metadata list", "environmentRealizeWorkspace", {"lease": {"metadata": [s]}}),
+        ("execute without command", "environmentExecute", {}),
+        ("execute command int", "environmentExecute", {"command": 5}),
+        ("execute args str", "environmentExecute", {"command": "ls", "args": s}),
+        ("execute args of int", "environmentExecute", {"command": "ls", "args": [1]}),
+        ("execute env list", "environmentExecute", {"command": "ls", "env": [s]}),
+        ("execute env value int", "environmentExecute", {"command": "ls", "env": {"A": 1}}),
+        ("execute env value null", "environmentExecute", {"command": "ls", "env": {"A": None}}),
+        ("execute env value obj", "environmentExecute", {"command": "ls", "env": {"A": {s: s}}}),
+        ("execute stdin int", "environmentExecute", {"command": "ls", "stdin": 5}),
+        ("execute cwd list", "environmentExecute", {"command": "ls", "cwd": [s]}),
+        ("execute timeoutMs str", "environmentExecute", {"command": "ls", "timeoutMs": "500"}),
+        ("execute timeoutMs bool", "environmentExecute", {"command": "ls", "timeoutMs": True}),
+        ("sync operations str", "environmentSyncIn", {"operations": s}),
+        ("sync files obj", "environmentSyncIn", {"operations": [{"files": {s: s}}]}),
+        ("sync path int", "environmentSyncOut", {"operations": [{"files": [{"sourcePath": 1}]}]}),
+        (
+            "sync mode str",
+            "environmentSyncIn",
+            {"operations": [{"files": [_mapping(mode="0644")]}]},
+        ),
+        (
+            "sync mode bool",
+            "environmentSyncIn",
+            {"operations": [{"files": [_mapping(mode=True)]}]},
+        ),
+        (
+            "sync followSymlinks str",
+            "environmentSyncIn",
+            {"operations": [{"files": [_mapping(followSymlinks=s)]}]},
+        ),
+        (
+            "sync post command int",
+            "environmentSyncIn",
+            {"operations": [{"files": [], "postUploadCommands": [{"command": 5}]}]},
+        ),
+    ]
+    cases: list[tuple[str, str, Any, tuple[int, ...]]] = [
+        (label, verb, params, (INVALID_PARAMS,)) for label, verb, params in bad_types
+    ]
+    refused = (INVALID_PARAMS, WORKER_ERROR)  # NUL: refused, whichever layer sees it first
+    for label, params in [
+        ("command", {"command": f"ls\0{s}"}),
+        ("arg", {"command": "ls", "args": ["ok", f"a\0{s}"]}),
+        ("env value", {"command": "ls", "env": {"A": f"x\0{s}"}}),
+        ("cwd", {"command": "ls", "cwd": f"{WS}/\0{s}"}),
+        ("env name", {"command": "ls", "env": {"BAD;KEY": s}}),  # the name is shown, by spec
+    ]:
+        cases.append((f"execute NUL/bad {label}", "environmentExecute", params, refused))
+    for label, mapping in [
+        # Paths are not secret and may be named in the message; no sentinel there.
+        ("host path", _mapping(sourcePath="/tmp/\0x")),
+        ("relative host path", _mapping(sourcePath="relative/x")),
+        ("sandbox path", _mapping(targetPath=f"{WS}/../x")),
+        ("exclude", _mapping(kind="directory", exclude=[f"\0{s}"])),
+    ]:
+        params = {"operations": [{"files": [mapping]}]}
+        cases.append((f"sync NUL/bad {label}", "environmentSyncIn", params, refused))
+    return cases
+
+
+def _mapping(**overrides: Any) -> dict[str, Any]:
+    return {"sourcePath": "/etc/hostname", "targetPath": f"{WS}/x", "kind": "file", **overrides}
+
+
+LEASE_ID_VERBS = ("environmentResumeLease", "environmentReleaseLease", "environmentDestroyLease")
+
+
+@pytest.mark.parametrize(
+    ("verb", "overrides", "codes"),
+    [pytest.param(verb, params, codes, id=label) for label, verb, params, codes in refused_cases()],
+)
+async def test_wrong_types_and_nul_are_refused_before_any_request(
+    rig: Rig, verb: str, overrides: dict[str, Any], codes: tuple[int, ...]
+) -> None:
+    fake = rig.fake_lease()
+    params: dict[str, Any] = rig.common()
+    if verb in LEASE_ID_VERBS:
+        params.update(providerLeaseId=fake["providerLeaseId"], leaseMetadata=fake["metadata"])
+    elif verb not in ("environmentValidateConfig", "environmentProbe", "environmentAcquireLease"):
+        params["lease"] = fake
+    if verb == "environmentValidateConfig":
+        params = {}
+    params.update(overrides)
+    before = await rig.request_count()
+    response = await rig.call(verb, params)
+    assert "error" in response, response
+    assert response["error"]["code"] in codes, response
+    assert SENTINEL not in response["error"]["message"]
+    assert await rig.request_count() == before
