@@ -82,7 +82,7 @@ cmd_start() {
   else
     mkdir -p "${dir}"
   fi
-  as_owner "${bin}/initdb" -D "${dir}/data" -U paperclip --auth=trust -E UTF8 --locale=C.UTF-8 \
+  as_owner "${bin}/initdb" -D "${dir}/data" -U paperclip --auth=trust -E UTF8 --no-locale \
     > "${dir}/initdb.log" 2>&1 || { tail -20 "${dir}/initdb.log" >&2; die "initdb failed"; }
   as_owner sh -c "cat >> '${dir}/data/postgresql.conf'" <<EOF
 port = ${port}
