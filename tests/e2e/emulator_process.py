@@ -59,8 +59,11 @@ class EmulatorProcess:
             line = b""
             with anyio.fail_after(60):
                 while not line.endswith(b"\n"):
-                    chunk = await process.stdout.receive(1)
-                    line += chunk
+                    try:
+                        line += await process.stdout.receive(1)
+                    except anyio.EndOfStream:
+                        tail = self.log_path.read_text("utf-8", "replace")[-2000:]
+                        raise RuntimeError(f"the emulator exited before serving:\n{tail}") from None
             self.base_url = line.decode().strip()
             if not self.base_url.startswith("http://127.0.0.1:"):
                 raise RuntimeError(f"the emulator printed {self.base_url!r} instead of its URL")
