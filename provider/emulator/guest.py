@@ -250,7 +250,15 @@ class Guest:
                     for fd in fds:
                         os.close(fd)
                     break
-                self._dispatch(json.loads(data), fds)
+                try:
+                    self._dispatch(json.loads(data), fds)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    # The supervisor runs inside the guest: never trust its messages.
+                    log.warning("malformed message from a sandbox supervisor; dropping it")
+                    for fd in fds:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+                    break
         finally:
             self._gone = True
             self._fail_pending()

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 
 from .core import EmulatorCore, Fault
+from .guest import GuestGone
 from .http import Request, Response
 from .ids import request_id
 from .jsend import ApiError, default_for, error, fail, json_response
@@ -150,6 +151,8 @@ class Router:
             return await found.handler(ctx)
         except ApiError as exc:
             return exc.response()
+        except GuestGone:
+            return fail(409, {"state": "sandbox is no longer running"})
 
 
 def _fault_status(fault: Fault) -> Response:

@@ -186,10 +186,17 @@ def _path_param(ctx: Ctx) -> str:
     return path
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, chunks: list[bytes]) -> None:
+    views = [memoryview(c) for c in chunks]
+    while views:
+        written = os.writev(fd, views[:512])
+        while written:
+            if written >= len(views[0]):
+                written -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][written:]
+                written = 0
 
 
 async def put_file(ctx: Ctx) -> Response:
@@ -219,10 +226,10 @@ async def put_file(ctx: Ctx) -> Response:
             pending.append(chunk)
             pending_size += len(chunk)
             if pending_size >= WRITE_BATCH:
-                await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
+                await anyio.to_thread.run_sync(_write_all, fd, pending)
                 pending, pending_size = [], 0
         if pending:
-            await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
+            await anyio.to_thread.run_sync(_write_all, fd, pending)
         try:
             await sandbox.request("commit", tmp=tmp, target=target)
         except GuestOpError as exc:

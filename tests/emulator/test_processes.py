@@ -381,3 +381,23 @@ async def test_reader_disconnect_does_not_affect_the_process(emulator: Emulator)
         view = data(await client.get(proc_url(sandbox_id, pid, "/wait")))
         assert view["exit_code"] == 0
         assert payload(await read_frames(client, sandbox_id, pid)) == b"1\n2\n3\n4\n"
+
+
+async def test_exit_frame_does_not_wait_for_background_holders(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "sleep 1000 & echo leader-done")
+        pid = proc["process_id"]
+        with anyio.fail_after(10):
+            frames = await read_frames(client, sandbox_id, pid)
+        assert payload(frames) == b"leader-done\n"
+        assert frames[-1] == {"type": "exit", "exit_code": 0}
+        view = await get_view(client, sandbox_id, pid)
+        assert view["leader_exited"] is True and view["tree_exited"] is False
+        assert view["state"] == "exited"
+        tree_wait = await client.get(
+            proc_url(sandbox_id, pid, "/wait"), params={"scope": "tree", "timeout_ms": 50}
+        )
+        assert tree_wait.status_code == 408
+        killed = data(await client.delete(proc_url(sandbox_id, pid), params={"grace_ms": 100}))
+        assert killed["tree_exited"] is True and killed["exit_code"] == 0
