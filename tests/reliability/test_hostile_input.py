@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -345,3 +346,149 @@ async def test_wrong_types_and_nul_are_refused_before_any_request(
     assert response["error"]["code"] in codes, response
     assert SENTINEL not in response["error"]["message"]
     assert await rig.request_count() == before
+
+
+async def test_oversized_command_lines_fail_cleanly_and_leave_the_lease_usable(rig: Rig) -> None:
+    count = 'printf "%s %s" "$#" "${#1}"'
+    big = await rig.execute(command="bash", args=["-c", count, "argv0", "x" * 100_000])
+    assert big["stdout"] == "1 100000"
+    many = await rig.execute(command="bash", args=["-c", count, "argv0", *["a"] * 20_000])
+    assert many["stdout"] == "20000 1"
+    # Past what one argv string (128 KiB) or a process request may carry: the API refuses the
+    # process (HTTP 400/413), a definite rejection: an ordinary error, no process, no poison.
+    for args, env in [
+        (["x" * 200_000], {}),
+        (["x" * (1 << 20)], {}),
+        (["x" * 100_000] * 15, {}),
+        ([], {"BIG": "x" * 200_000}),
+    ]:
+        response = await rig.call(
+            "environmentExecute",
+            {
+                **rig.common(),
+                "lease": await rig.lease(),
+                "command": "bash",
+                "args": ["-c", count, "argv0", *args],
+                "env": env,
+                "stdin": "staged input",
+            },
+        )
+        assert response["error"]["code"] == WORKER_ERROR, response
+        message = response["error"]["message"]
+        assert "xxxx" not in message and len(message) < 300
+        assert await rig.live_trees() == []
+    # Not poisoned, and the staged stdin and gate files were removed again.
+    scratch = await rig.execute(command="bash", args=["-c", "ls -a /tmp"])
+    assert scratch["exitCode"] == 0
+    assert "paperclip-stdin-" not in scratch["stdout"]
+    assert scratch["stdout"].count("paperclip-start-") == 1  # this very command's gate
+
+
+# --- host paths in sync --------------------------------------------------------------------------
+
+
+def file_mapping(source: str | Path, target: str | Path, **extra: Any) -> dict[str, Any]:
+    return {"sourcePath": str(source), "targetPath": str(target), "kind": "file", **extra}
+
+
+def dir_mapping(source: str | Path, target: str | Path, **extra: Any) -> dict[str, Any]:
+    return {"sourcePath": str(source), "targetPath": str(target), "kind": "directory", **extra}
+
+
+async def make_remote_files(rig: Rig) -> None:
+    script = (
+        f"mkdir -p {WS}/tree/sub && printf 'remote\\n' > {WS}/out.txt"
+        f" && printf 'kept\\n' > {WS}/tree/sub/keep"
+    )
+    made = await rig.execute(command="bash", args=["-c", script])
+    assert made["exitCode"] == 0, made
+
+
+async def test_sync_out_through_a_symlinked_parent_lands_where_the_link_points(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await make_remote_files(rig)
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    done = await rig.sync("Out", file_mapping(f"{WS}/out.txt", link / "out.txt"))
+    assert done["result"]["operations"][0]["filesTransferred"] == 1, done
+    assert (real / "out.txt").read_bytes() == b"remote\n"
+    assert stat.S_IMODE((real / "out.txt").stat().st_mode) == 0o600
+    done = await rig.sync("Out", dir_mapping(f"{WS}/tree", link / "tree"))
+    assert done["result"]["operations"][0]["filesTransferred"] == 1, done
+    assert (real / "tree" / "sub" / "keep").read_bytes() == b"kept\n"
+    assert link.is_symlink() and os.readlink(link) == str(real)  # the link itself untouched
+    assert sorted(p.name for p in real.iterdir()) == ["out.txt", "tree"]  # no temp folder left
+
+
+async def test_sync_out_replaces_a_final_symlink_instead_of_writing_through_it(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await make_remote_files(rig)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("do not touch\n")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "out.txt").symlink_to(victim)
+    done = await rig.sync("Out", file_mapping(f"{WS}/out.txt", dest / "out.txt"))
+    assert "result" in done, done
+    assert not (dest / "out.txt").is_symlink()  # the link was replaced by the download
+    assert (dest / "out.txt").read_bytes() == b"remote\n"
+    assert victim.read_text() == "do not touch\n"
+    # A directory target that is a link is refused outright (spec 5.6), target untouched.
+    (dest / "tree").symlink_to(tmp_path)
+    refused = await rig.sync("Out", dir_mapping(f"{WS}/tree", dest / "tree"))
+    assert refused["error"]["code"] == WORKER_ERROR
+    assert (dest / "tree").is_symlink() and not (tmp_path / "sub").exists()
+    assert temp_leftovers(dest, tmp_path) == []
+
+
+async def test_dot_dot_in_host_paths_resolves_like_the_os_and_never_leaves_temp_files(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await make_remote_files(rig)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (b / "in.txt").write_bytes(b"from b\n")
+    sent = await rig.sync("In", file_mapping(f"{a}/../b/in.txt", f"{WS}/in.txt"))
+    assert "result" in sent, sent
+    echoed = await rig.execute(command="cat", args=[f"{WS}/in.txt"])
+    assert echoed["stdout"] == "from b\n"
+    got = await rig.sync("Out", file_mapping(f"{WS}/out.txt", f"{a}/../b/back.txt"))
+    assert "result" in got, got
+    assert (b / "back.txt").read_bytes() == b"remote\n"
+    assert sorted(p.name for p in a.iterdir()) == []
+    # A file target that resolves to a directory is refused; nothing is replaced or left.
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    refused = await rig.sync("Out", file_mapping(f"{WS}/out.txt", f"{b}/.."))
+    assert refused["error"]["code"] == WORKER_ERROR
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+async def test_follow_symlinks_confines_to_the_real_source_behind_a_symlinked_parent(
+    rig: Rig, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    source = elsewhere / "src"
+    source.mkdir(parents=True)
+    (source / "f").write_bytes(b"inside\n")
+    (source / "inside").symlink_to("f")
+    (elsewhere / "secret.txt").write_text("secret\n")
+    (source / "escape").symlink_to("../secret.txt")
+    (tmp_path / "lp").symlink_to(elsewhere)
+    mapping = dir_mapping(tmp_path / "lp" / "src", f"{WS}/src", followSymlinks=True)
+    await rig.lease()
+    before = await rig.request_count()
+    refused = await rig.sync("In", mapping)
+    assert refused["error"]["code"] == WORKER_ERROR
+    assert "secret" not in refused["error"]["message"]
+    assert await rig.request_count() == before  # the batch failed before any upload
+    (source / "escape").unlink()
+    sent = await rig.sync("In", mapping)
+    assert sent["result"]["operations"][0]["filesTransferred"] == 2, sent
+    check = await rig.execute(
+        command="bash", args=["-c", f"test ! -L {WS}/src/inside && cat {WS}/src/inside"]
+    )
+    assert check["stdout"] == "inside\n"  # dereferenced into a regular file
