@@ -165,7 +165,7 @@ class SyncSession:
         workdir: Path | None = None
         try:
             await self._control(script, f"Packing {mapping.sandbox_path}")
-            await anyio.to_thread.run_sync(lambda: target.parent.mkdir(parents=True, exist_ok=True))
+            parents = await anyio.to_thread.run_sync(_make_parents, target.parent)
             workdir = await self._new_workdir(target.parent)
             data = workdir / "data"
             size = await self._get_to_file(scratch, data, file_mode, mapping)
@@ -173,6 +173,9 @@ class SyncSession:
                 files = await anyio.to_thread.run_sync(
                     lambda: extract_archive(data, target, mode=mapping.mode)
                 )
+                if mapping.mode is not None:  # new directories get the mapping's mode (5.6)
+                    for directory in parents:
+                        await anyio.to_thread.run_sync(directory.chmod, mapping.mode)
             else:
                 await anyio.to_thread.run_sync(_install_file, data, target, file_mode)
                 files = 1
@@ -254,6 +257,24 @@ def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any
         "filesTransferred": files,
         "bytesTransferred": transferred,
     }
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """``mkdir -p`` where every new directory is 0700 (Path.mkdir gives parents the umask
+    default, usually 0755); returns the directories created."""
+    missing: list[Path] = []
+    current = directory
+    while not os.path.lexists(current):
+        missing.append(current)
+        current = current.parent
+    created: list[Path] = []
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # e.g. "a/.." once "a" exists: not ours to chmod later
+            continue
+        created.append(path)
+    return created
 
 
 def _make_workdir(parent: Path | None) -> Path:

@@ -492,3 +492,36 @@ async def test_follow_symlinks_confines_to_the_real_source_behind_a_symlinked_pa
         command="bash", args=["-c", f"test ! -L {WS}/src/inside && cat {WS}/src/inside"]
     )
     assert check["stdout"] == "inside\n"  # dereferenced into a regular file
+
+
+async def test_sync_out_creates_missing_parent_directories_private(
+    rig: Rig, tmp_path: Path
+) -> None:
+    # Spec 5.6: new directories get the mapping's mode, else 0700 (mkdir -p would give 0755).
+    await make_remote_files(rig)
+    for kind, source, mode in (
+        ("file", f"{WS}/out.txt", None),
+        ("directory", f"{WS}/tree", None),
+        ("directory", f"{WS}/tree", 0o750),
+    ):
+        existing = tmp_path / f"{kind}-{mode}"
+        existing.mkdir()
+        existing_mode = stat.S_IMODE(existing.stat().st_mode)
+        target = existing / "new1" / "new2" / "target"
+        mapping: dict[str, Any] = {"sourcePath": source, "targetPath": str(target), "kind": kind}
+        if mode is not None:
+            mapping["mode"] = mode
+        done = await rig.sync("Out", mapping)
+        assert "result" in done, done
+        expected = 0o700 if mode is None else mode
+        for created in (target.parent.parent, target.parent):
+            assert stat.S_IMODE(created.stat().st_mode) == expected, (kind, mode, created)
+        assert stat.S_IMODE(existing.stat().st_mode) == existing_mode  # only new ones change
+    # Through "..": the directory ".." names already exists and keeps its mode.
+    before = stat.S_IMODE(tmp_path.stat().st_mode)
+    target = tmp_path / "fresh" / ".." / "via-dotdot" / "target"
+    done = await rig.sync("Out", dir_mapping(f"{WS}/tree", target, mode=0o750))
+    assert "result" in done, done
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == before
+    assert stat.S_IMODE((tmp_path / "fresh").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "via-dotdot").stat().st_mode) == 0o750
