@@ -399,3 +399,42 @@ async def test_worker_killed_during_a_post_upload_command_next_call_kills_it(
     assert rig.journal_rows("processes") == 0
     assert temp_leftovers(rig.tmpdir) == []
     await rig.release(lease)
+
+
+async def test_worker_killed_during_acquire_next_call_deletes_the_sandbox(rig: Rig) -> None:
+    await rig.start(auto_restart=True)
+    core = rig.emulator.core
+    assert core is not None
+    # The create request arrives, the worker dies waiting, then the sandbox gets made anyway:
+    # a billable sandbox nobody holds a lease for, known only by the journaled name token.
+    await rig.emulator.admin.add_fault("POST", r"^/v1/sandboxes$", delay_ms=1500)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            rig.in_background, "acquire", "environmentAcquireLease", {**rig.common(), "runId": "r"}
+        )
+        with anyio.fail_after(60):
+            while core.faults:
+                await anyio.sleep(0.01)
+        assert rig.journal_rows("creates") == 1
+        events_before = len(rig.peer.events)
+        await rig.kill_worker_and_wait("worker")
+    assert_worker_lost(rig.outcomes["acquire"])
+    with anyio.fail_after(30):
+        while not (await rig.emulator.admin.state())["sandboxes"]:
+            await anyio.sleep(0.05)
+    [orphan] = (await rig.emulator.admin.state())["sandboxes"]
+    assert orphan["name"].startswith("pc-")
+    await rig.restart_automatically(events_before)
+
+    probe = await rig.call("environmentProbe", rig.common())  # any call with the config
+    assert probe["ok"] is True, probe
+    live = [s["id"] for s in (await rig.emulator.admin.state())["sandboxes"]]
+    assert orphan["id"] not in live or await sandbox_status(rig, orphan["id"]) == "destroyed"
+    assert rig.journal_rows("creates") == 0
+
+
+async def sandbox_status(rig: Rig, sandbox_id: str) -> str | None:
+    for sandbox in (await rig.emulator.admin.state())["sandboxes"]:
+        if sandbox["id"] == sandbox_id:
+            return str(sandbox["status"])
+    return None
