@@ -30,6 +30,13 @@ command -v node >/dev/null || { echo "install-peer: node is not on PATH" >&2; ex
 command -v npm >/dev/null || { echo "install-peer: npm is not on PATH" >&2; exit 1; }
 
 mkdir -p "${peer_dir}"
+# Several test runs may share the cache: one installs, the others wait and then find the stamp.
+exec 9>"${peer_dir}.lock"
+flock 9
+if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${STAMP_TEXT}" && -f "${peer_dir}/${manager_js}" ]]; then
+  echo "${peer_dir}"
+  exit 0
+fi
 cd "${peer_dir}"
 rm -f "${stamp}"
 printf '{"name":"paperclip-peer","private":true,"type":"module"}\n' > package.json

@@ -235,7 +235,12 @@ class HostPeer:
                     line = await reader.receive_line()
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     break
-                self._route(json.loads(line))
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    print(f"host peer: non-JSON line {line[:200]!r}", file=sys.stderr)
+                    continue
+                self._route(message)
         finally:
             self._closed = True
             for request_id, event in list(self._pending.items()):
