@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import selectors
 import signal
 import socket
 import stat
+import struct
 import sys
+import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,6 +147,10 @@ def open_for_write(path: Any) -> tuple[int, str, str]:
         os.unlink(tmp)
         raise OpError("outside", "path is outside the writable trees")
     return fd, tmp, os.path.join(real_parent, os.path.basename(real))
+
+
+def set_winsize(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
 def find_program(cmd: str, env: dict[str, str]) -> str:
@@ -284,14 +291,39 @@ class Supervisor:
         self.reply(rid)
 
     def op_spawn(self, rid: Any, msg: dict[str, Any]) -> None:
+        """Start a command in a new session: pipes (fds stdin, stdout, stderr) or, with
+        ``pty``, a pseudo-terminal that becomes its controlling tty (fd: the master)."""
         env = {str(k): str(v) for k, v in msg["env"].items()}
         cmd = str(msg["cmd"])
         argv = [cmd, *[str(a) for a in msg.get("args", [])]]
         program = find_program(cmd, env)
         cwd = str(msg.get("cwd") or "/root")
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
-        child_ends = [pipes[0][0], pipes[1][1], pipes[2][1]]
-        parent_ends = [pipes[0][1], pipes[1][0], pipes[2][0]]
+        pty = msg.get("pty")
+        child_ends: list[int] = []
+        parent_ends: list[int] = []
+        actions: list[tuple[Any, ...]]
+        if pty:
+            master, slave = os.openpty()
+            os.set_inheritable(master, False)
+            set_winsize(master, int(pty.get("rows", 24)), int(pty.get("cols", 80)))
+            child_ends, parent_ends = [slave], [master]
+            # Opened after setsid (glibc runs setsid before file actions): it becomes the
+            # session's controlling terminal.
+            actions = [
+                (os.POSIX_SPAWN_OPEN, 0, os.ttyname(slave), os.O_RDWR, 0),
+                (os.POSIX_SPAWN_DUP2, 0, 1),
+                (os.POSIX_SPAWN_DUP2, 0, 2),
+            ]
+            os.set_inheritable(slave, False)
+        else:
+            pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+            child_ends = [pipes[0][0], pipes[1][1], pipes[2][1]]
+            parent_ends = [pipes[0][1], pipes[1][0], pipes[2][0]]
+            actions = [
+                (os.POSIX_SPAWN_DUP2, child_ends[0], 0),
+                (os.POSIX_SPAWN_DUP2, child_ends[1], 1),
+                (os.POSIX_SPAWN_DUP2, child_ends[2], 2),
+            ]
         try:
             try:
                 os.chdir(cwd)
@@ -302,11 +334,7 @@ class Supervisor:
                     program,
                     argv,
                     env,
-                    file_actions=[
-                        (os.POSIX_SPAWN_DUP2, child_ends[0], 0),
-                        (os.POSIX_SPAWN_DUP2, child_ends[1], 1),
-                        (os.POSIX_SPAWN_DUP2, child_ends[2], 2),
-                    ],
+                    file_actions=actions,
                     setsid=True,
                     setsigdef=SIGNALS_RESET,
                     setsigmask=(),

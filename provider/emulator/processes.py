@@ -10,11 +10,15 @@ open); only then is the ``exit`` line appended, after every data frame read so f
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import select
+import struct
+import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -75,6 +79,10 @@ async def run_pump(pump: Pump, on_chunk: Callable[[memoryview], Awaitable[None]]
                 finally:
                     pump.parked = False
                 continue
+            except OSError as exc:
+                if exc.errno == errno.EIO:  # a PTY master once every slave fd is closed
+                    break
+                raise
             if not size:
                 break
             await on_chunk(view[:size])
@@ -173,6 +181,8 @@ class ManagedProcess:
     finished_at: str | None = None
     input_seq: int = 0
     finished: anyio.Event = field(default_factory=anyio.Event)
+    kind: str = "process"
+    pty_fd: int | None = None  # PTY master kept for resize and the foreground group
 
     @property
     def leader_exited(self) -> bool:
@@ -185,7 +195,7 @@ class ManagedProcess:
     def view(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "process_id": self.process_id,
-            "kind": "process",
+            "kind": self.kind,
             "pid": self.pid,
             "state": self.state,
             "leader_exited": self.leader_exited,
@@ -204,16 +214,56 @@ class ManagedProcess:
             out["finished_at"] = self.finished_at
         if self.error is not None:
             out["error"] = self.error
+        foreground = self.foreground()
+        if foreground is not None:
+            out["foreground"] = foreground
         return out
 
+    def foreground_group(self) -> int | None:
+        """Host pid of the PTY's foreground process group, if any."""
+        if self.pty_fd is None:
+            return None
+        try:
+            group = os.tcgetpgrp(self.pty_fd)
+        except OSError:
+            return None
+        return group if group > 0 else None
+
+    def foreground(self) -> str | None:
+        group = self.foreground_group()
+        if group is None:
+            return None
+        try:
+            return Path(f"/proc/{group}/comm").read_text().strip() or None
+        except OSError:
+            return None
+
+    def resize(self, rows: int, cols: int) -> None:
+        assert self.pty_fd is not None
+        fcntl.ioctl(self.pty_fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
     async def run(self, fds: list[int], settings: Settings) -> None:
-        """Pump both pipes, feed stdin, record the exit, until the tree is gone."""
-        pumps = [Pump(fds[1]), Pump(fds[2])]
+        """Pump the output (both pipes, or the PTY), feed stdin, record the exit, until the
+        tree is gone."""
+        if self.kind == "pty":
+            pumps = [Pump(fds[1])]
+            names = ["pty"]
+        else:
+            pumps = [Pump(fds[1]), Pump(fds[2])]
+            names = ["stdout", "stderr"]
         for pump in pumps:
             prepare_read_fd(pump.fd)
+        try:
+            await self._run(pumps, names, settings)
+        finally:
+            if self.pty_fd is not None:
+                os.close(self.pty_fd)
+                self.pty_fd = None
+
+    async def _run(self, pumps: list[Pump], names: list[str], settings: Settings) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run_pump, pumps[0], self._journal_to("stdout"))
-            tg.start_soon(run_pump, pumps[1], self._journal_to("stderr"))
+            for pump, name in zip(pumps, names, strict=True):
+                tg.start_soon(run_pump, pump, self._journal_to(name))
             tg.start_soon(self.stdin.run)
             info = await await_finish(self.watch, pumps, settings.exit_drain_ms / 1000)
             self.exit = info

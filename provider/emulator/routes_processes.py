@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import binascii
 import contextlib
+import os
+import signal
 
 import anyio
 
@@ -47,8 +49,7 @@ async def create_process(ctx: Ctx) -> Response:
     sandbox = sandbox_of(ctx)
     body = await json_body(ctx, required=False)
     require_running(sandbox)
-    if body.get("pty") is not None:
-        raise bad_request("pty", "PTY mode is not supported by the emulator")
+    pty = _pty_size(body.get("pty"), "pty")
     cmd, args = command_fields(body, default_cmd=DEFAULT_CMD)
     cwd = body.get("cwd") or HOME
     if not isinstance(cwd, str) or not cwd.startswith("/"):
@@ -56,7 +57,7 @@ async def create_process(ctx: Ctx) -> Response:
     env = call_env(sandbox, body.get("env"))
     sandbox.touch()
     try:
-        process = await sandbox.start_process(cmd, args, env, cwd)
+        process = await sandbox.start_process(cmd, args, env, cwd, pty)
     except GuestOpError as exc:
         field = "cwd" if exc.code == "cwd" else "cmd"
         raise bad_request(field, exc.message) from exc
@@ -127,6 +128,8 @@ async def send_input(ctx: Ctx) -> Response:
 async def close_stdin(ctx: Ctx) -> Response:
     sandbox, process = process_of(ctx)
     require_running(sandbox)
+    if process.kind == "pty":
+        raise conflict("stdin/close is for pipe processes")
     if process.stdin.closed:
         raise conflict("stdin is already closed")
     process.stdin.close()
@@ -134,8 +137,26 @@ async def close_stdin(ctx: Ctx) -> Response:
 
 
 async def resize(ctx: Ctx) -> Response:
-    process_of(ctx)
-    raise conflict("resize needs a PTY process")
+    sandbox, process = process_of(ctx)
+    body = await json_body(ctx)
+    require_running(sandbox)
+    size = _pty_size(body, "size")
+    if process.pty_fd is None or size is None:
+        raise conflict("resize needs a running PTY process")
+    process.resize(size["rows"], size["cols"])
+    return ok({"ok": True})
+
+
+def _pty_size(raw: object, field: str) -> dict[str, int] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise bad_request(field, "must be an object with rows and cols")
+    size = {"rows": raw.get("rows", 24), "cols": raw.get("cols", 80)}
+    for name, value in size.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
+            raise bad_request(field, f"{name} must be an integer from 1 to 1000")
+    return size
 
 
 async def send_signal(ctx: Ctx) -> Response:
@@ -146,7 +167,12 @@ async def send_signal(ctx: Ctx) -> Response:
     if name not in SIGNALS:
         raise bad_request("signal", f"signal must be one of {', '.join(SIGNALS)}")
     delivered = False
-    if not process.tree_exited:
+    group = process.foreground_group()
+    if group is not None:  # PTY: the foreground job, as a terminal would
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.Signals[name])
+            delivered = True
+    elif not process.tree_exited:
         with contextlib.suppress(GuestGone):
             reply, _fds = await sandbox.request("signal", sid=process.pid, signal=name)
             delivered = bool(reply.get("delivered"))

@@ -327,21 +327,37 @@ class Sandbox:
         return env
 
     async def spawn(
-        self, cmd: str, args: list[str], env: dict[str, str], cwd: str
+        self,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        pty: dict[str, int] | None = None,
     ) -> tuple[int, list[int], ChildWatch]:
         guest = self._require_guest()
-        reply, fds = await guest.request(
-            "spawn", cmd=cmd, args=args, env=self.base_env(env), cwd=cwd
-        )
+        fields: dict[str, Any] = {"cmd": cmd, "args": args, "env": self.base_env(env), "cwd": cwd}
+        if pty is not None:
+            fields["pty"] = pty
+        reply, fds = await guest.request("spawn", **fields)
         pid = int(reply["pid"])
         return pid, fds, guest.children[pid]
 
     async def start_process(
-        self, cmd: str, args: list[str], env: dict[str, str], cwd: str
+        self,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        pty: dict[str, int] | None = None,
     ) -> ManagedProcess:
         if self._tg is None or self._closed.is_set():
             raise GuestGone("sandbox is gone")
-        pid, fds, watch = await self.spawn(cmd, args, env, cwd)
+        if pty is not None:
+            env = {"TERM": "xterm-256color", **env}
+        pid, fds, watch = await self.spawn(cmd, args, env, cwd, pty)
+        if pty is not None:
+            # One master, three roles: reader (pump), writer (input), control (ioctls).
+            fds = [os.dup(fds[0]), fds[0], os.dup(fds[0])]
         process = ManagedProcess(
             sandbox_id=self.id,
             pid=pid,
@@ -351,6 +367,8 @@ class Sandbox:
             journal=Journal(self.settings.journal_limits),
             stdin=StdinWriter(fds[0]),
             watch=watch,
+            kind="pty" if pty is not None else "process",
+            pty_fd=fds[2] if pty is not None else None,
         )
         self.processes[process.process_id] = process
         assert self._tg is not None

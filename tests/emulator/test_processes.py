@@ -401,3 +401,64 @@ async def test_exit_frame_does_not_wait_for_background_holders(emulator: Emulato
         assert tree_wait.status_code == 408
         killed = data(await client.delete(proc_url(sandbox_id, pid), params={"grace_ms": 100}))
         assert killed["tree_exited"] is True and killed["exit_code"] == 0
+
+
+async def test_pty_process_terminal_resize_and_foreground_signal(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        response = await client.post(
+            f"/v1/sandboxes/{sandbox_id}/processes",
+            json={
+                "cmd": "/bin/bash",
+                "args": [
+                    "-c",
+                    "tty -s && echo is-a-tty; stty size; read line; echo got:$line; sleep 100",
+                ],
+                "pty": {"rows": 30, "cols": 100},
+            },
+        )
+        proc = data(response)
+        assert proc["kind"] == "pty"
+        pid = proc["process_id"]
+        url = proc_url(sandbox_id, pid)
+        await wait_output(client, sandbox_id, pid, 1)
+        await client.post(f"{url}/input", json={"data_base64": base64.b64encode(b"hi\r").decode()})
+        with anyio.fail_after(10):
+            while True:
+                view = await get_view(client, sandbox_id, pid)
+                frames = await read_frames_until(client, sandbox_id, pid, b"got:hi")
+                if frames is not None:
+                    break
+        text = payload(frames).replace(b"\r", b"")
+        assert b"is-a-tty\n30 100\n" in text and b"got:hi" in text
+        assert all(f["stream"] == "pty" for f in frames if f["type"] == "data")
+        assert view["foreground"] in ("bash", "sleep")
+        assert data(await client.post(f"{url}/resize", json={"rows": 40, "cols": 120}))["ok"]
+        assert (await client.post(f"{url}/resize", json={"rows": 0, "cols": 1})).status_code == 400
+        assert (await client.post(f"{url}/stdin/close")).status_code == 409
+        await client.post(f"{url}/signal", json={"signal": "SIGINT"})
+        done = data(await client.get(f"{url}/wait", params={"scope": "tree"}))
+        assert done["signal"] == "SIGINT" or done.get("exit_code") == 130
+        plain = await start_process(client, sandbox_id, "true")
+        resize = await client.post(
+            proc_url(sandbox_id, plain["process_id"], "/resize"), json={"rows": 5, "cols": 5}
+        )
+        assert resize.status_code == 409
+
+
+async def read_frames_until(
+    client: httpx.AsyncClient, sandbox_id: str, process_id: str, marker: bytes
+) -> list[dict[str, Any]] | None:
+    """The retained frames so far (without waiting for exit), once ``marker`` is in them."""
+    view = await get_view(client, sandbox_id, process_id)
+    newest = view["output"]["newest_seq"]
+    frames: list[dict[str, Any]] = []
+    url = proc_url(sandbox_id, process_id, "/connect")
+    async with client.stream("GET", url) as response:
+        async for line in response.aiter_lines():
+            if line:
+                frame = json.loads(line)
+                frames.append(frame)
+                if frame.get("seq", 0) >= newest or frame["type"] != "data":
+                    break
+    return frames if marker in payload(frames) else None
