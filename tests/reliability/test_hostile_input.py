@@ -219,6 +219,7 @@ dir_name = (
 async def test_hostile_command_values_arrive_verbatim_and_nothing_is_evaluated(
     rig: Rig, args: list[str], env: dict[str, str], stdin: str | None, cwd_name: str
 ) -> None:
+    # The fixture runs once for all examples: they share one emulator and one lease.
     cwd = f"{WS}/{cwd_name}"
     made = await rig.execute(command="mkdir", args=["-p", "--", cwd])
     assert made["exitCode"] == 0, made
