@@ -143,3 +143,11 @@ async def test_sandboxes_do_not_see_each_other_or_the_host(emulator: Emulator) -
         write_usr = await sh(client, second, "touch /usr/x 2>&1; echo $?")
         assert write_usr["stdout"].strip().endswith("1")
     assert not Path("/paperclip-workspace").exists()
+
+
+async def test_unshare_net_leaves_only_loopback(emulator: Emulator) -> None:
+    emu = Emulator(api_keys=["k"], unshare_net=True)
+    async with emu, api(emu, key="k") as client:
+        sandbox_id = await create_sandbox(client)
+        result = await sh(client, sandbox_id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        assert result["stdout"].split() == ["lo"]
