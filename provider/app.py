@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from provider.rpc.handshake import (
     answer_initialize,
+    die_with_parent,
     exit_on_stop_signals,
     guard_stdout,
     initialize_request_id,
@@ -56,7 +57,7 @@ def build_dispatcher(*, initialized: bool = False) -> Dispatcher:
 
 
 def run_stdio() -> None:
-    """The worker process: guard fd 1, answer ``initialize``, then serve until told to stop."""
+    """The worker process: guard fd 1, answer ``initialize``, die with the shim, then serve."""
     exit_on_stop_signals()
     protocol_fd = guard_stdout()
     table, channel = _driver_table()
@@ -67,6 +68,9 @@ def run_stdio() -> None:
         already_read = rest
     else:  # not an initialize: the dispatcher answers it (or reads the end of input)
         already_read = line + b"\n" + rest if line or rest else b""
+    # After the reply (ctypes costs start-up time): a shim that died meanwhile is caught by the
+    # pid check, and one killed while we waited for input closed our stdin anyway.
+    die_with_parent()
 
     import anyio
 

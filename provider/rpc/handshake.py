@@ -51,6 +51,27 @@ def guard_stdout() -> int:
     return protocol_fd
 
 
+SHIM_PID_ENV: Final = "PAPERCLIP_CREATEOS_SHIM_PID"
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def die_with_parent() -> None:
+    """SIGTERM us when the parent (the Node shim) dies; exit now if it already has.
+
+    Without this, a shim killed with SIGKILL leaves an orphan whose stdin stays open for as
+    long as the server lives. The shim passes its pid so a shim that died before ``prctl``
+    took effect is noticed too.
+    """
+    shim_pid = os.environ.pop(SHIM_PID_ENV, None)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if shim_pid is not None and shim_pid.isdigit() and os.getppid() != int(shim_pid):
+        os._exit(0)
+
+
 def exit_on_stop_signals() -> None:
     """Until the dispatcher installs its own handlers, a stop signal ends us at once.
 

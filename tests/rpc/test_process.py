@@ -114,9 +114,10 @@ def test_stray_output_never_reaches_the_protocol_stream() -> None:
 def test_exits_at_once_when_the_shim_is_already_gone() -> None:
     # The shim passes its pid; a different parent means the shim died before prctl took hold.
     proc = _spawn("-m", "provider", env={"PAPERCLIP_CREATEOS_SHIM_PID": "1"})
-    out, _ = proc.communicate(INITIALIZE, timeout=HANG_GUARD_S)
+    health = _line({"jsonrpc": "2.0", "id": 2, "method": "health", "params": {}})
+    out, _ = proc.communicate(INITIALIZE + health, timeout=HANG_GUARD_S)
     assert proc.returncode == 0
-    assert out == b""  # it never served
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [1]  # health never served
 
 
 def test_worker_dies_with_its_parent_even_while_stdin_stays_open() -> None:
@@ -124,9 +125,10 @@ def test_worker_dies_with_its_parent_even_while_stdin_stays_open() -> None:
     stdin_read, stdin_write = os.pipe()
     stdout_read, stdout_write = os.pipe()
     parent_code = (
-        "import subprocess, sys, time\n"
+        "import os, subprocess, sys, time\n"
+        "env = {**os.environ, 'PAPERCLIP_CREATEOS_SHIM_PID': str(os.getpid())}  # as the shim\n"
         f"p = subprocess.Popen([sys.executable, '-m', 'provider'], stdin={stdin_read}, "
-        f"stdout={stdout_write})\n"
+        f"stdout={stdout_write}, env=env)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(120)\n"
     )
