@@ -259,6 +259,8 @@ class ManagedProcess:
             if self.pty_fd is not None:
                 os.close(self.pty_fd)
                 self.pty_fd = None
+            if not self.finished.is_set():  # sandbox destroyed: readers and waiters end too
+                self._record_exit(self.watch.exit or ExitInfo(signal="SIGKILL"))
 
     async def _run(self, pumps: list[Pump], names: list[str], settings: Settings) -> None:
         async with anyio.create_task_group() as tg:
@@ -266,14 +268,17 @@ class ManagedProcess:
                 tg.start_soon(run_pump, pump, self._journal_to(name))
             tg.start_soon(self.stdin.run)
             info = await await_finish(self.watch, pumps, settings.exit_drain_ms / 1000)
-            self.exit = info
-            self.finished_at = utc_now()
-            if self.state != "failed":
-                self.state = "exited"
-            self.journal.finish(exit_line(info))
-            self.finished.set()
+            self._record_exit(info)
             await self.watch.tree_gone.wait()
             self.stdin.close()
+
+    def _record_exit(self, info: ExitInfo) -> None:
+        self.exit = info
+        self.finished_at = utc_now()
+        if self.state != "failed":
+            self.state = "exited"
+        self.journal.finish(exit_line(info))
+        self.finished.set()
 
     def _journal_to(self, stream: str) -> Callable[[memoryview], Awaitable[None]]:
         async def on_chunk(data: memoryview) -> None:

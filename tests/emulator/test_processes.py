@@ -462,3 +462,32 @@ async def read_frames_until(
                 if frame.get("seq", 0) >= newest or frame["type"] != "data":
                     break
     return frames if marker in payload(frames) else None
+
+
+async def test_sandbox_delete_ends_open_streams_and_waits(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "echo started; sleep 1000")
+        pid = proc["process_id"]
+        await wait_output(client, sandbox_id, pid, 1)
+        frames: list[dict[str, Any]] = []
+        waited: list[httpx.Response] = []
+
+        async def waiter() -> None:
+            waited.append(await client.get(proc_url(sandbox_id, pid, "/wait")))
+
+        with anyio.fail_after(10):
+            async with (
+                anyio.create_task_group() as tg,
+                client.stream("GET", proc_url(sandbox_id, pid, "/connect")) as response,
+            ):
+                tg.start_soon(waiter)
+                lines = response.aiter_lines()
+                frames.append(json.loads(await lines.__anext__()))
+                await client.delete(f"/v1/sandboxes/{sandbox_id}")
+                async for line in lines:
+                    if line:
+                        frames.append(json.loads(line))
+        assert payload(frames) == b"started\n"
+        assert frames[-1] == {"type": "exit", "signal": "SIGKILL"}
+        assert data(waited[0])["signal"] == "SIGKILL"
