@@ -1,0 +1,165 @@
+"""The fault matrix as data: CreateOS endpoints the worker uses, faults, specified outcomes.
+
+A *site* is one endpoint reached through one host call (the sandbox ``DELETE`` through
+``environmentDestroyLease``, the process ``POST`` through ``environmentExecute``...). A *cell*
+is a site with one fault injected on the first matching request. :func:`expected` derives the
+outcome from the specs, never from the code:
+
+- createos-api.md 1.8: ``GET``, ``DELETE`` and replayable ``PUT`` are retried on transport errors,
+  408 and 5xx (at most twice); ``POST`` only on 429, honouring ``Retry-After``.
+- provider-behavior.md 2.3: an unknown sandbox-create outcome is cleaned up by its name token and
+  surfaced; 2.4.6: resume re-raises transient failures and answers "gone" only on 404;
+  3.4: an unknown process-create outcome poisons the lease; 3.5: the output stream reconnects on
+  5xx, 429 and transport errors (at most 4 attempts); 3.8: an unconfirmed tree kill poisons.
+- 5.6: a download cut mid-body fails the sync and leaves the target untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["ok", "retried", "surfaced", "expired", "poisoned"]
+Kind = Literal[
+    "idempotent", "kill", "post", "create-sandbox", "create-process", "stream", "download"
+]
+
+READ_TIMEOUT = 0.5
+"""Client read timeout (seconds) for requests matching a ``timeout`` fault."""
+DELAY_MS = 1200
+"""How long the emulator holds such a request before performing it."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault column: what the emulator does to the first ``times`` matching requests."""
+
+    name: str
+    label: str
+    action: dict[str, Any] = field(default_factory=dict)
+    times: int = 1
+    read_timeout: float | None = None
+
+
+FAULTS: dict[str, FaultSpec] = {
+    f.name: f
+    for f in (
+        FaultSpec("none", "no fault (control)"),
+        FaultSpec("503", "HTTP 503", {"status": 503}),
+        FaultSpec("502", "HTTP 502", {"status": 502}),
+        FaultSpec("429", "HTTP 429, Retry-After: 1", {"status": 429, "retry_after": "1"}),
+        FaultSpec("drop", "connection dropped (not performed)", {"drop": True}),
+        FaultSpec("lost", "response lost (performed)", {"lose_response": True}),
+        FaultSpec("timeout", "read timeout", {"delay_ms": DELAY_MS}, read_timeout=READ_TIMEOUT),
+        FaultSpec("truncated", "truncated body", {"cut_after_bytes": 12}),
+        FaultSpec("cut", "stream cut after 1 frame", {"cut_after_frames": 1}),
+        FaultSpec("404", "HTTP 404", {"status": 404}),
+        FaultSpec("503x4", "HTTP 503, 4 times (retries exhausted)", {"status": 503}, times=4),
+    )
+}
+
+COMMON = ("none", "503", "502", "429", "drop", "lost", "timeout", "truncated")
+
+
+@dataclass(frozen=True)
+class Site:
+    """An endpoint reached through one host call; ``normal_count`` = matching requests when
+    nothing is injected (the control column checks it)."""
+
+    id: str
+    endpoint: str
+    method: str
+    path_regex: str
+    call: str
+    scenario: str
+    kind: Kind
+    normal_count: int
+    faults: tuple[str, ...] = COMMON
+
+
+SITES: tuple[Site, ...] = (
+    Site("acquire.create", "POST /v1/sandboxes", "POST", r"^/v1/sandboxes$",
+         "acquire", "acquire", "create-sandbox", 1),
+    Site("acquire.list", "GET /v1/sandboxes", "GET", r"^/v1/sandboxes$",
+         "acquire (create response lost)", "acquire-lost-create", "idempotent", 1),
+    Site("resume.get", "GET /v1/sandboxes/{id}", "GET", r"^/v1/sandboxes/[^/]+$",
+         "resume", "resume-running", "idempotent", 2, (*COMMON, "404", "503x4")),
+    Site("destroy.delete", "DELETE /v1/sandboxes/{id}", "DELETE", r"^/v1/sandboxes/[^/]+$",
+         "destroy", "destroy", "idempotent", 1, (*COMMON, "503x4")),
+    Site("release.pause", "POST /v1/sandboxes/{id}/pause", "POST", r"/pause$",
+         "release (reuse)", "release-reuse", "post", 1),
+    Site("resume.resume", "POST /v1/sandboxes/{id}/resume", "POST", r"/resume$",
+         "resume (paused)", "resume-paused", "post", 1, (*COMMON, "404")),
+    Site("resume.exec", "POST /v1/sandboxes/{id}/exec", "POST", r"/exec$",
+         "resume", "resume-running", "post", 1, (*COMMON, "404")),
+    Site("acquire.exec", "POST /v1/sandboxes/{id}/exec", "POST", r"/exec$",
+         "acquire", "acquire", "post", 1),
+    Site("syncIn.files-put", "PUT /v1/sandboxes/{id}/files", "PUT", r"/files$",
+         "syncIn", "sync-in", "idempotent", 2, (*COMMON, "503x4")),
+    Site("syncOut.files-get", "GET /v1/sandboxes/{id}/files", "GET", r"/files$",
+         "syncOut", "sync-out", "download", 1, (*COMMON, "503x4")),
+    Site("execute.process-create", "POST .../processes", "POST", r"/processes$",
+         "execute", "execute", "create-process", 1),
+    Site("syncIn.process-create", "POST .../processes", "POST", r"/processes$",
+         "syncIn", "sync-in", "create-process", 1),
+    Site("execute.process-delete", "DELETE .../processes/{pid}", "DELETE",
+         r"/processes/[^/]+$", "execute (timeout kill)", "execute-timeout", "kill", 1,
+         (*COMMON, "503x4")),
+    Site("execute.stdin-close", "POST .../processes/{pid}/stdin/close", "POST",
+         r"/stdin/close$", "execute", "execute", "post", 1),
+    Site("execute.connect", "GET .../processes/{pid}/connect", "GET", r"/connect$",
+         "execute", "execute-chatty", "stream", 1, (*COMMON, "cut", "503x4")),
+    Site("probe.create", "POST /v1/sandboxes", "POST", r"^/v1/sandboxes$",
+         "probe", "probe", "create-sandbox", 1),
+    Site("probe.delete", "DELETE /v1/sandboxes/{id}", "DELETE", r"^/v1/sandboxes/[^/]+$",
+         "probe", "probe", "idempotent", 1),
+)  # fmt: skip
+
+KNOWN_EMULATOR_BUGS = {
+    "execute.connect.timeout": "emulator bug: a streamed answer written after its client hung "
+    "up (the delayed connect) raises BrokenPipeError inside the task group of "
+    "provider/emulator/http.py _send_stream; the ExceptionGroup escapes _serve_connection's "
+    "`except (ConnectionError, OSError)` and stops the whole emulator",
+}
+"""Cells that cannot run until the emulator is fixed (reported; not a worker outcome)."""
+
+UNUSED_ENDPOINTS = {
+    "GET .../processes/{pid}": "never called: the output stream's exit frame ends a command "
+    "(provider-behavior.md 3.3 uses no process read)",
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    site: Site
+    fault: FaultSpec
+
+    @property
+    def id(self) -> str:
+        return f"{self.site.id}.{self.fault.name}"
+
+    @property
+    def expected(self) -> Outcome:
+        return expected(self.site, self.fault)
+
+
+def expected(site: Site, fault: FaultSpec) -> Outcome:
+    """The specified outcome of ``fault`` at ``site`` (see the module docstring)."""
+    if fault.name == "none":
+        return "ok"
+    if fault.name == "404":
+        return "expired"  # 2.4.6: a 404 at any step of resume means gone
+    if fault.name == "429":
+        return "retried"  # 1.8: every request, POST included, is retried on 429
+    if fault.name == "503x4":
+        return "poisoned" if site.kind == "kill" else "surfaced"
+    if site.kind in ("idempotent", "kill", "stream"):
+        return "retried"
+    if site.kind == "download":
+        return "surfaced" if fault.name == "truncated" else "retried"
+    if site.kind == "create-process":
+        return "poisoned"
+    return "surfaced"  # post, create-sandbox: never repeated, the failure reaches the caller
+
+
+CELLS: tuple[Cell, ...] = tuple(Cell(site, FAULTS[name]) for site in SITES for name in site.faults)

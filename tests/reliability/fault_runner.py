@@ -1,0 +1,285 @@
+"""Running one fault-matrix cell against the emulator and classifying what happened.
+
+:func:`run_cell` sets the scenario up, injects the fault through the emulator's admin API, makes
+the host call, waits out any delayed request, then classifies the outcome *from observations*:
+
+- ``poisoned``: the call raised CleanupUnconfirmed, and then execute, sync and a reuse release
+  are refused with zero HTTP requests while destroy still deletes and clears the mark;
+- ``expired``: resume answered exactly "gone" and the sandbox was not deleted;
+- ``retried`` / ``ok``: the call gave its fault-free result, with one more matching request
+  than the fault-free run (``ok``: exactly as many); a 429 retry waited for ``Retry-After``;
+- ``surfaced``: the call failed with an ordinary error (probe: ``ok: false``), a ``POST`` was not
+  repeated, and the same call then worked without the fault (lease intact).
+
+Anything else is reported as a descriptive mismatch. Afterwards the scenario destroys its lease
+and the emulator's state view must show no live sandbox, no live process tree, no orphan pid.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from provider.config import EnvironmentConfig
+from provider.createos.client import CreateOSClient
+from provider.createos.pacer import RequestPacer
+from provider.driver.journal import LeaseJournal
+from provider.driver.runtime import DriverRuntime
+from provider.driver.service import DriverService
+from provider.emulator import Emulator
+from provider.errors import CleanupUnconfirmed, RequestRefused
+from tests.driver.conftest import Harness
+from tests.reliability.fault_cells import Cell
+from tests.reliability.fault_scenarios import SCENARIOS, Scenario
+
+API_KEY = "test-key"
+EMULATOR_SETTINGS = {"heartbeat_ms": 200}
+POST_KINDS = ("post", "create-sandbox", "create-process")
+LEAK_SETTLE = 5.0
+
+
+class TimeoutPlan:
+    """Which requests get a short read timeout (those a ``timeout`` fault delays)."""
+
+    def __init__(self) -> None:
+        self.method: str | None = None
+        self.pattern: re.Pattern[str] | None = None
+        self.read = 0.0
+        self.sent: list[tuple[float, str, str]] = []  # every attempt: (time, method, path)
+
+    def set(self, method: str, path_regex: str, read: float) -> None:
+        self.method, self.pattern, self.read = method, re.compile(path_regex), read
+
+    def clear(self) -> None:
+        self.method = self.pattern = None
+
+    def applies(self, request: httpx.Request) -> bool:
+        return (
+            self.pattern is not None
+            and request.method == self.method
+            and self.pattern.search(request.url.path) is not None
+        )
+
+
+class PlannedTimeouts(httpx.AsyncBaseTransport):
+    """An httpx transport that shrinks the read timeout of the planned requests."""
+
+    def __init__(self, plan: TimeoutPlan) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._plan = plan
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._plan.sent.append((time.time(), request.method, request.url.path))
+        if self._plan.applies(request):
+            timeouts = dict(request.extensions.get("timeout", {}))
+            timeouts["read"] = self._plan.read
+            request.extensions["timeout"] = timeouts
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@asynccontextmanager
+async def matrix_harness(emulator: Emulator, state_dir: Path) -> AsyncIterator[MatrixHarness]:
+    """The driver wired to ``emulator`` with unpaced clients and a fresh journal."""
+    plan = TimeoutPlan()
+
+    def client_factory(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
+        pacer = RequestPacer(config.api_url, interval=0.0, shared_dir=None)
+        return CreateOSClient(
+            config.api_url,
+            api_key,
+            pacer=pacer,
+            backoff_base=0.01,
+            transport=PlannedTimeouts(plan),
+        )
+
+    journal = LeaseJournal(state_dir / "leases.sqlite3")
+    runtime = DriverRuntime(client_factory=client_factory, environ={}, journal=journal)
+
+    async def notify(method: str, params: dict[str, Any]) -> None:
+        return None
+
+    async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
+        return None
+
+    await emulator.admin.settings(**EMULATOR_SETTINGS)
+    methods = DriverService(runtime, notify=notify, log=log)
+    yield MatrixHarness(emulator, methods, plan=plan, journal=journal)
+
+
+@dataclass
+class MatrixHarness(Harness):
+    plan: TimeoutPlan = field(default_factory=TimeoutPlan)
+    journal: LeaseJournal | None = None
+
+    async def last_seq(self) -> int:
+        log = await self.emulator.admin.requests()
+        return max((entry["seq"] for entry in log), default=0)
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    observed: str
+    leaks: list[str]
+    detail: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.observed == self.cell.expected and not self.leaks
+
+
+async def run_cell(h: MatrixHarness, cell: Cell, workdir: Path) -> CellResult:
+    started = time.monotonic()
+    scenario = SCENARIOS[cell.site.scenario](h, workdir)
+    await scenario.setup()
+    seq0 = await h.last_seq()
+    fault = cell.fault
+    if fault.name != "none":
+        if fault.read_timeout is not None:
+            h.plan.set(cell.site.method, cell.site.path_regex, fault.read_timeout)
+        await h.emulator.admin.add_fault(
+            cell.site.method, cell.site.path_regex, times=fault.times, **fault.action
+        )
+    sent_before = len(h.plan.sent)
+    value: Any = None
+    error: Exception | None = None
+    try:
+        value = await scenario.call()
+    except Exception as exc:
+        error = exc
+    delay = fault.action.get("delay_ms", 0) / 1000
+    pattern = re.compile(cell.site.path_regex)
+    delayed = [
+        when
+        for when, method, path in h.plan.sent[sent_before:]
+        if method == cell.site.method and pattern.search(path)
+    ]
+    if delay and delayed:  # let the held request land before counting requests or leaks
+        await anyio.sleep(max(0.0, delayed[0] + delay + 0.5 - time.time()))
+    await h.emulator.admin.clear_faults()
+    h.plan.clear()
+    seq1 = await h.last_seq()
+    observed, detail = await classify(h, cell, scenario, value, error, seq0, seq1)
+    try:
+        await scenario.cleanup()
+    except Exception as exc:
+        detail += f"; cleanup failed: {exc}"
+    leaks = await find_leaks(h)
+    return CellResult(cell, observed, leaks, detail, time.monotonic() - started)
+
+
+async def matching(h: MatrixHarness, cell: Cell, seq0: int, seq1: int) -> list[dict[str, Any]]:
+    pattern = re.compile(cell.site.path_regex)
+    return [
+        e
+        for e in await h.emulator.admin.requests(since=seq0)
+        if e["seq"] <= seq1 and e["method"] == cell.site.method and pattern.search(e["path"])
+    ]
+
+
+async def classify(
+    h: MatrixHarness,
+    cell: Cell,
+    scenario: Scenario,
+    value: Any,
+    error: Exception | None,
+    seq0: int,
+    seq1: int,
+) -> tuple[str, str]:
+    hits = await matching(h, cell, seq0, seq1)
+    count, normal = len(hits), cell.site.normal_count
+    detail = f"{count} matching request(s)" + (f"; error: {error}" if error else "")
+    if error is not None and API_KEY in str(error):
+        return "key-in-error", detail
+    if isinstance(error, CleanupUnconfirmed) and scenario.lease is not None:
+        problem = await poisoned_problem(h, scenario)
+        return ("poisoned", detail) if problem is None else (f"poisoned, but {problem}", detail)
+    if error is None and scenario.gone(value):
+        live = {s["id"] for s in (await h.emulator.admin.state())["sandboxes"]}
+        assert scenario.lease is not None
+        if scenario.lease["providerLeaseId"] not in live:
+            return "expired, but the sandbox was deleted", detail
+        return "expired", detail
+    if scenario.succeeded(value, error):
+        if cell.fault.name == "none":
+            return ("ok", detail) if count == normal else (f"ok with {count} requests", detail)
+        if count < normal + 1:
+            return "succeeded without a retry", detail
+        if cell.fault.name == "429" and cell.site.kind != "stream":
+            gap = hits[1]["time"] - hits[0]["time"]
+            if hits[0]["status"] != 429 or gap < 0.9:
+                return f"retried after {gap:.2f} s, before Retry-After", detail
+        return "retried", detail
+    if isinstance(error, RequestRefused):
+        return "refused", detail
+    if cell.site.kind in POST_KINDS and count > normal:
+        return "surfaced, but the POST was repeated", detail
+    if not await scenario.intact():
+        return "surfaced, lease broken", detail
+    return "surfaced", detail
+
+
+async def poisoned_problem(h: MatrixHarness, scenario: Scenario) -> str | None:
+    """None when the lease behaves as poisoned (3.4); else what is wrong."""
+    lease = scenario.lease
+    assert lease is not None
+    before = await h.request_count()
+    attempts: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("execute", lambda: h.methods.execute({**scenario.with_lease(), "command": "true"})),
+        ("syncIn", lambda: h.methods.sync_in({**scenario.with_lease(), "operations": []})),
+        ("reuse release", lambda: h.methods.release(h.lease_ref(lease, reuseLease=True))),
+    ]
+    for what, attempt in attempts:
+        try:
+            await attempt()
+        except RequestRefused:
+            continue
+        except Exception as exc:
+            return f"{what} failed with {type(exc).__name__} instead of a refusal"
+        return f"{what} was not refused"
+    if await h.request_count() != before:
+        return "a refused call made HTTP requests"
+    receipt = await h.methods.destroy(scenario.ref())
+    scenario.lease = None
+    if receipt is None or receipt["state"] != "destroyed":
+        return "destroy did not delete"
+    if h.methods.runtime.tracker.unconfirmed_scopes():
+        return "destroy did not clear the poison mark"
+    return None
+
+
+async def find_leaks(h: Harness, *, settle: float = LEAK_SETTLE) -> list[str]:
+    """Live sandboxes, live process trees and orphan host pids in the emulator's state view.
+
+    A process killed a moment ago may take a few milliseconds to leave ``/proc``: only what is
+    still there after ``settle`` seconds counts.
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        state = await h.emulator.admin.state()
+        leaks = [f"sandbox {s['id']} ({s['status']})" for s in state["sandboxes"]]
+        leaks += [f"process {p['process_id']}" for p in state["processes"] if p["tree_alive"]]
+        leaks += [f"orphan host pid {pid} ({_cmdline(pid)})" for pid in state["orphan_host_pids"]]
+        if not leaks or time.monotonic() > deadline:
+            return leaks
+        await anyio.sleep(0.1)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "gone"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80]
