@@ -7,7 +7,8 @@ safe for several worker processes at once) in the worker's state folder:
 - ``unconfirmed``: leases whose cleanup could not be confirmed (refused until destroyed);
 - ``processes``: managed processes started and not yet seen to end, with their owner;
 - ``creates``: sandbox creates in flight (name token), so an acquire cut short by a crash is
-  found and deleted later;
+  found and deleted later; also creates whose call ended with the outcome still open (a create
+  that timed out may land after its lookup), which later calls keep looking for;
 - ``tempdirs``: host temp folders of file transfers in flight.
 
 Entries carry an *owner* (pid + process start time). An entry whose owner is no longer alive was
@@ -26,6 +27,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +46,11 @@ CREATE TABLE IF NOT EXISTS creates (
   token TEXT PRIMARY KEY, api_url TEXT, key_hash TEXT, owner TEXT);
 CREATE TABLE IF NOT EXISTS tempdirs (path TEXT PRIMARY KEY, owner TEXT);
 """
+
+
+ABANDONED = "abandoned-until:"
+CREATE_WATCH_SECONDS = 900.0
+"""How long recovery keeps looking for a create that may still land (15 minutes)."""
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -67,6 +74,8 @@ def current_owner() -> str:
 
 
 def owner_alive(owner: str) -> bool:
+    if owner.startswith(ABANDONED):
+        return False  # handed to recovery (LeaseJournal.abandon_create)
     pid_text, _, started = owner.partition(":")
     try:
         pid = int(pid_text)
@@ -173,6 +182,27 @@ class LeaseJournal:
     def remove_create(self, token: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM creates WHERE token=?", (token,))
+
+    def abandon_create(self, token: str, *, watch_seconds: float = CREATE_WATCH_SECONDS) -> None:
+        """Hand an unresolved create to recovery: its call is over, but the sandbox may exist
+        (a cleanup failed) or still appear (a timed-out create can be served late). Later calls
+        with this origin and key look for it until ``watch_seconds`` have passed."""
+        until = time.time() + watch_seconds
+        with self._tx() as db:
+            db.execute(
+                "UPDATE creates SET owner=? WHERE token=?", (f"{ABANDONED}{until:.3f}", token)
+            )
+
+    def watching_create(self, token: str) -> bool:
+        """Whether recovery should keep looking for ``token`` although a lookup missed it."""
+        with self._tx() as db:
+            row = db.execute("SELECT owner FROM creates WHERE token=?", (token,)).fetchone()
+        if row is None or not str(row[0]).startswith(ABANDONED):
+            return False
+        try:
+            return time.time() < float(str(row[0]).removeprefix(ABANDONED))
+        except ValueError:
+            return False
 
     def orphan_creates(self, api_url: str, key_hash: str) -> list[str]:
         with self._tx() as db:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -84,29 +84,35 @@ async def provision_sandbox(
 
     Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
     (under a fresh, shielded deadline) before the error propagates. The create's name token is
-    journaled until the outcome is settled, so a worker crash in between cannot leak it.
+    journaled until the outcome is settled, so a worker crash in between cannot leak it. When
+    the outcome stays open (a create that may still land after its lookup found nothing, or a
+    cleanup that failed), the token is handed to recovery, which keeps looking for the sandbox
+    on later calls with this origin and key (:meth:`LeaseJournal.abandon_create`).
     """
     token = f"pc-{uuid.uuid4()}"
     key_hash = call.scope("").key_hash
     await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
-    settled = False
+    unresolved = False
+
+    def mark_unresolved() -> None:
+        nonlocal unresolved
+        unresolved = True
+
     try:
-        sandbox_id, marker = await _provision(client, call, token)
-        settled = True
-        return sandbox_id, marker
+        return await _provision(client, call, token, mark_unresolved)
     except CleanupUnconfirmed:
-        raise  # keep the journal entry: the next call retries the cleanup
-    except BaseException:
-        settled = True
+        unresolved = True
         raise
     finally:
-        if settled:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(journal.remove_create, token)
+        with anyio.CancelScope(shield=True):
+            settle = journal.abandon_create if unresolved else journal.remove_create
+            await anyio.to_thread.run_sync(settle, token)
 
 
-async def _provision(client: CreateOSClient, call: BoundCall, token: str) -> tuple[str, str]:
-    sandbox_id = await create_sandbox(client, call, token)
+async def _provision(
+    client: CreateOSClient, call: BoundCall, token: str, mark_unresolved: Callable[[], None]
+) -> tuple[str, str]:
+    sandbox_id = await create_sandbox(client, call, token, on_unresolved=mark_unresolved)
     try:
         await transition(client, sandbox_id, "running")
         prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", f"mkdir -p -- '{ROOT}'"])
@@ -123,8 +129,18 @@ async def _provision(client: CreateOSClient, call: BoundCall, token: str) -> tup
     return sandbox_id, marker
 
 
-async def create_sandbox(client: CreateOSClient, call: BoundCall, token: str) -> str:
-    """POST the sandbox; when the outcome is unknown, find it by its name token and delete it."""
+async def create_sandbox(
+    client: CreateOSClient,
+    call: BoundCall,
+    token: str,
+    *,
+    on_unresolved: Callable[[], None] | None = None,
+) -> str:
+    """POST the sandbox; when the outcome is unknown, find it by its name token and delete it.
+
+    ``on_unresolved`` is called when the lookup found nothing: the create may still land later
+    (a request that timed out on our side can still be served), so absence proves nothing yet.
+    """
     config = call.config
     try:
         return await client.create_sandbox(
@@ -133,27 +149,32 @@ async def create_sandbox(client: CreateOSClient, call: BoundCall, token: str) ->
     except APIStatusError as exc:
         if isinstance(exc, RateLimited) or exc.status < 500:
             raise  # a definite rejection: nothing was created
-        await _reap_by_name(client, token, call, exc)
+        found = await _reap_by_name(client, token, call, exc)
+        if not found and on_unresolved is not None:
+            on_unresolved()
         raise
     except BaseException as exc:
         # Transport failure, malformed answer, deadline or cancellation mid-call: unknown outcome.
-        await _reap_by_name(client, token, call, exc)
+        found = await _reap_by_name(client, token, call, exc)
+        if not found and on_unresolved is not None:
+            on_unresolved()
         raise
 
 
 async def _reap_by_name(
     client: CreateOSClient, token: str, call: BoundCall, cause: BaseException
-) -> None:
+) -> bool:
     """After a create with an unknown outcome: delete any sandbox carrying our name token.
 
-    Returns quietly when nothing is left behind (the original error then propagates); raises
-    :class:`CleanupUnconfirmed` when that cannot be confirmed.
+    Answers whether one was found (and deleted); raises :class:`CleanupUnconfirmed` when the
+    lookup or the delete failed.
     """
-    confirmed = False
+    confirmed = found = False
     with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
         try:
             for view in await client.list_sandboxes():
                 if view.name == token:
+                    found = True
                     await delete_sandbox_confirmed(client, view.id)
             confirmed = True
         except ProviderError:
@@ -164,6 +185,7 @@ async def _reap_by_name(
             f"Creating the sandbox failed ({reason}) and it may have been created anyway; "
             f"checking for it failed too. Look for a sandbox named {token} in CreateOS."
         ) from cause
+    return found
 
 
 async def _delete_after_failure(

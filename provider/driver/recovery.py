@@ -3,7 +3,8 @@
 ``recover_orphans`` runs at the start of every call that carries an environment config. For the
 call's API origin and key it finds journal entries whose owner process is gone: managed processes
 that may still run (their tree is killed; if that cannot be confirmed the lease is poisoned),
-sandbox creates that never finished (the sandbox carrying the name token is deleted), and host
+sandbox creates that never finished or whose outcome stayed open (the sandbox carrying the name
+token is deleted; one not found yet is looked for again while the journal watches it), and host
 temp folders of interrupted transfers (removed). Nothing happens, and no HTTP request is made,
 when the journal holds no orphan for that origin and key.
 """
@@ -66,10 +67,13 @@ async def _reap_creates(client: CreateOSClient, journal: LeaseJournal, tokens: s
         for view in views:
             if view.name in tokens:
                 await delete_sandbox_confirmed(client, view.id)
+                tokens.discard(view.name)
+                await anyio.to_thread.run_sync(journal.remove_create, view.name)
     except ProviderError:
         return  # try again on the next call
-    for token in tokens:
-        await anyio.to_thread.run_sync(journal.remove_create, token)
+    for token in tokens:  # not found: done, unless a late create may still land
+        if not await anyio.to_thread.run_sync(journal.watching_create, token):
+            await anyio.to_thread.run_sync(journal.remove_create, token)
 
 
 def _remove_tempdir(journal: LeaseJournal, path: Path) -> None:
