@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import marshal
 import os
 import signal
 import socket
@@ -208,7 +209,9 @@ class Guest:
         slot: list[Any] = []
         self._pending[rid] = (done, slot)
         try:
-            await self._send(json.dumps({"id": rid, "op": op, **fields}).encode())
+            # marshal (version 2: readable by any python3 the guest may run) is cheap for the
+            # supervisor to load; what comes back is JSON, never unmarshalled here.
+            await self._send(marshal.dumps({"id": rid, "op": op, **fields}, 2))
             await done.wait()
         finally:
             self._pending.pop(rid, None)

@@ -1,11 +1,15 @@
 # Raw os calls on guest paths: this file runs standalone, by the host python3, in the guest.
+# Builtin modules only (no contextlib): try/except/pass stands in for suppress().
 # ruff: noqa: PTH103, PTH104, PTH108, PTH112, PTH113, PTH115, PTH118, PTH119, PTH120, PTH208
+# ruff: noqa: SIM105
 """In-guest supervisor: pid 1 of one sandbox's PID namespace, run by the host's python3.
 
 Standard library only; the emulator never imports it, it copies the file into its data dir and
-bubblewrap binds it read-only into the guest. It speaks JSON messages over a SOCK_SEQPACKET unix
-socket (fd given as argv[1]) and hands file descriptors to the emulator with SCM_RIGHTS, so process
-output and file bodies never pass through this process.
+bubblewrap binds it read-only into the guest. Messages travel over a SOCK_SEQPACKET unix socket
+(fd given as argv[1]): requests from the emulator are ``marshal`` dicts (trusted input), replies
+and events back are JSON (the emulator never unmarshals what the guest could forge). File
+descriptors go to the emulator with SCM_RIGHTS, so process output and file bodies never pass
+through this process. Only builtin modules are imported: this start-up is on the create path.
 
 Requests carry ``{"id": n, "op": ...}`` and get ``{"id": n, "ok": bool, ...}`` replies; events
 (``exit``, ``tree_exit``) carry no id. When the socket closes the supervisor exits, and the
@@ -14,28 +18,68 @@ kernel kills every process of the namespace with it.
 
 from __future__ import annotations
 
-import contextlib
+import _signal  # type: ignore[import-not-found]  # no enum import, unlike signal
+import _socket
 import errno
-import fcntl
-import json
+import marshal
 import os
-import selectors
-import signal
-import socket
+import select
 import stat
-import struct
 import sys
-import termios
 import time
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 ROOTS = ("/paperclip-workspace", "/tmp", "/root")
 MAX_MSG = 1 << 20
 TREE_POLL_S = 0.05
-SIGNALS_RESET = tuple(
-    s for s in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM)
-)
+SIGNALS_RESET = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, _signal.SIGTERM)
+SIGNAL_ALIASES = ("SIGCLD", "SIGPOLL", "SIGIOT")
+SIGNAL_NUMBERS = {
+    name: getattr(_signal, name)
+    for name in dir(_signal)
+    if name.startswith("SIG")
+    and not name.startswith("SIG_")
+    and name not in SIGNAL_ALIASES
+    and not name.startswith("SIGRT")
+}
+SIGNAL_NAMES = {number: name for name, number in SIGNAL_NUMBERS.items()}
+SCM_SPACE = _socket.CMSG_SPACE(8 * 4)
+
+
+def to_json(value: Any) -> str:
+    """JSON for the small values replies carry (ASCII only, so any string survives)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        out = ['"']
+        for ch in value:
+            code = ord(ch)
+            if ch in '\\"' or code < 0x20 or code > 0x7E:
+                if code > 0xFFFF:
+                    code -= 0x10000
+                    high, low = 0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)
+                    out.append(f"\\u{high:04x}\\u{low:04x}")
+                else:
+                    out.append(f"\\u{code:04x}")
+            else:
+                out.append(ch)
+        out.append('"')
+        return "".join(out)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(to_json(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
+    raise TypeError(f"cannot encode {type(value).__name__}")
 
 
 class OpError(Exception):
@@ -150,6 +194,10 @@ def open_for_write(path: Any) -> tuple[int, str, str]:
 
 
 def set_winsize(fd: int, rows: int, cols: int) -> None:
+    import fcntl  # only PTY processes need these
+    import struct
+    import termios
+
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
@@ -166,9 +214,9 @@ def find_program(cmd: str, env: dict[str, str]) -> str:
 class Supervisor:
     """One selector loop: control requests, SIGCHLD reaping, tree watching and kill timers."""
 
-    def __init__(self, ctrl: socket.socket) -> None:
+    def __init__(self, ctrl: _socket.socket) -> None:
         self.ctrl = ctrl
-        self.sel = selectors.DefaultSelector()
+        self.poller = select.epoll()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.children: set[int] = set()
         self.watched: set[int] = set()  # sessions whose leader exited while members remained
@@ -177,9 +225,10 @@ class Supervisor:
 
     # -- plumbing -------------------------------------------------------------------------
     def send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-        data = json.dumps(msg, separators=(",", ":")).encode()
+        data = to_json(msg).encode("ascii")
         if fds:
-            socket.send_fds(self.ctrl, [data], fds)
+            raw = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+            self.ctrl.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, raw)])
         else:
             self.ctrl.send(data)
 
@@ -190,10 +239,10 @@ class Supervisor:
         self.send({"id": rid, "ok": False, "error": code, "message": message})
 
     def run(self) -> None:
-        signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        self.sel.register(self.ctrl, selectors.EVENT_READ, "ctrl")
-        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        _signal.set_wakeup_fd(self.wake_w)
+        _signal.signal(_signal.SIGCHLD, lambda *_: None)
+        self.poller.register(self.ctrl.fileno(), select.EPOLLIN)
+        self.poller.register(self.wake_r, select.EPOLLIN)
         self.send({"event": "ready", "pid": os.getpid()})
         while True:
             timeout = None
@@ -201,8 +250,12 @@ class Supervisor:
                 timeout = max(0.0, min(t for t, _ in self.timers) - time.monotonic())
             if self.watched or self.killers:
                 timeout = TREE_POLL_S if timeout is None else min(timeout, TREE_POLL_S)
-            for key, _ in self.sel.select(timeout):
-                if key.data == "wake":
+            try:
+                ready = self.poller.poll(-1 if timeout is None else timeout)
+            except InterruptedError:
+                ready = []
+            for fd, _ in ready:
+                if fd == self.wake_r:
                     try:
                         while os.read(self.wake_r, 4096):
                             pass
@@ -216,16 +269,17 @@ class Supervisor:
 
     def read_ctrl(self) -> bool:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.ctrl, MAX_MSG, 4)
+            data, ancillary, _flags, _addr = self.ctrl.recvmsg(MAX_MSG, SCM_SPACE)
         except (BlockingIOError, InterruptedError):
             return True
         except OSError:
             return False
-        for fd in fds:
-            os.close(fd)
+        for _level, _kind, raw in ancillary:  # the emulator never sends fds; close strays
+            for i in range(0, len(raw) - len(raw) % 4, 4):
+                os.close(int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True))
         if not data:
             return False
-        msg = json.loads(data)
+        msg = marshal.loads(data)  # noqa: S302 - written by the emulator, never by the guest
         rid = msg.get("id")
         try:
             getattr(self, "op_" + str(msg.get("op")), self.op_unknown)(rid, msg)
@@ -255,7 +309,8 @@ class Supervisor:
                 self.children.discard(pid)
                 event: dict[str, Any] = {"event": "exit", "pid": pid}
                 if os.WIFSIGNALED(status):
-                    event["signal"] = signal.Signals(os.WTERMSIG(status)).name
+                    number = os.WTERMSIG(status)
+                    event["signal"] = SIGNAL_NAMES.get(number, f"SIG{number}")
                 else:
                     event["code"] = os.waitstatus_to_exitcode(status)
                 self.send(event)
@@ -276,12 +331,14 @@ class Supervisor:
                     self.reply(rid)
             elif time.monotonic() >= entry[0]:
                 for pid in members:
-                    self._kill(pid, signal.SIGKILL)
+                    self._kill(pid, _signal.SIGKILL)
 
     @staticmethod
     def _kill(pid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
     # -- operations -----------------------------------------------------------------------
     def op_unknown(self, rid: Any, msg: dict[str, Any]) -> None:
@@ -357,7 +414,7 @@ class Supervisor:
                 os.close(fd)
 
     def op_signal(self, rid: Any, msg: dict[str, Any]) -> None:
-        sig = signal.Signals[str(msg["signal"])]
+        sig = SIGNAL_NUMBERS[str(msg["signal"])]
         sid = int(msg["sid"])
         sent = 0
         try:
@@ -375,7 +432,7 @@ class Supervisor:
         sid = int(msg["sid"])
         grace = max(0, int(msg.get("grace_ms", 1000))) / 1000.0
         for pid in session_members(sid):
-            self._kill(pid, signal.SIGTERM)
+            self._kill(pid, _signal.SIGTERM)
         entry = self.killers.setdefault(sid, [time.monotonic() + grace, []])
         entry[0] = min(entry[0], time.monotonic() + grace)
         entry[1].append(rid)
@@ -385,9 +442,11 @@ class Supervisor:
         self.reply(rid, pids=session_members(int(msg["sid"])))
 
     def op_freeze(self, rid: Any, msg: dict[str, Any]) -> None:
-        sig = signal.SIGSTOP if msg.get("stop", True) else signal.SIGCONT
-        with contextlib.suppress(ProcessLookupError):
+        sig = _signal.SIGSTOP if msg.get("stop", True) else _signal.SIGCONT
+        try:
             os.kill(-1, sig)
+        except ProcessLookupError:
+            pass
         self.reply(rid)
 
     def op_open_read(self, rid: Any, msg: dict[str, Any]) -> None:
@@ -426,15 +485,17 @@ class Supervisor:
 
     @staticmethod
     def _unlink(path: str) -> None:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(path)
+        except OSError:
+            pass
 
 
 def main() -> None:
     os.umask(0o022)
     fd = int(sys.argv[1])
     os.set_inheritable(fd, False)
-    ctrl = socket.socket(fileno=fd)
+    ctrl = _socket.socket(fileno=fd)
     ctrl.setblocking(True)
     os.chdir("/")
     Supervisor(ctrl).run()
