@@ -31,12 +31,15 @@ async def emulator() -> AsyncIterator[Emulator]:
     async with emu:
         yield emu
     leaked = emu.leaked_host_pids()
-    if leaked:  # pragma: no cover - diagnostics for a failing teardown
-        details = {}
-        for pid in leaked:
-            try:
-                with open(f"/proc/{pid}/stat") as fh:
-                    details[pid] = fh.read()[:120]
-            except OSError:
-                details[pid] = "gone"
-    assert leaked == [], f"sandbox processes left alive after emulator stop: {leaked} {details}"
+    assert leaked == [], f"sandbox processes left alive after emulator stop: {_describe(leaked)}"
+
+
+def _describe(pids: list[int]) -> dict[int, str]:
+    details = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                details[pid] = fh.read()[:120]
+        except OSError:
+            details[pid] = "gone"
+    return details
