@@ -31,6 +31,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="accepted API key (repeatable; default: $CREATEOS_API_KEY or 'test-key')",
     )
+    parser.add_argument(
+        "--api-key-file",
+        default=None,
+        help="file with accepted API keys, one per line (# comments allowed)",
+    )
     parser.add_argument("--admin-token", default=None, help="X-Emulator-Token for /_emulator/")
     parser.add_argument("--region", default="us", help="region this server serves")
     parser.add_argument("--unshare-net", action="store_true", help="no network inside sandboxes")
@@ -39,7 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    keys = args.api_key or [os.environ.get("CREATEOS_API_KEY") or "test-key"]
+    keys = list(args.api_key or [])
+    if args.api_key_file:
+        text = await anyio.Path(args.api_key_file).read_text()
+        keys += [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+    keys = keys or [os.environ.get("CREATEOS_API_KEY") or "test-key"]
     emulator = Emulator(
         api_keys=keys,
         data_dir=args.data_dir,

@@ -105,6 +105,22 @@ async def test_cli_prints_url_and_stops_cleanly_on_sigterm(emulator: Emulator) -
             proc.wait()
 
 
+async def test_cli_reads_keys_from_a_file(emulator: Emulator, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nfile-key-1\n\nfile-key-2\n")
+    proc = _cli("--api-key-file", str(keys))
+    try:
+        assert proc.stdout is not None
+        url = (await anyio.to_thread.run_sync(proc.stdout.readline)).strip()
+        async with httpx.AsyncClient(base_url=url) as client:
+            for key, status in (("file-key-1", 200), ("file-key-2", 200), ("# team keys", 401)):
+                got = await client.get("/v1/sandboxes", headers={"X-Api-Key": key})
+                assert got.status_code == status
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await anyio.to_thread.run_sync(lambda: proc.wait(timeout=30))
+
+
 async def test_cli_refuses_to_start_without_bwrap(emulator: Emulator) -> None:
     proc = _cli(env={"CREATEOS_EMULATOR_BWRAP": "/nonexistent/bwrap"})
     out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
