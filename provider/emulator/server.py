@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import shutil
 import tempfile
@@ -23,6 +24,29 @@ from .http import HTTPServer
 from .router import Router, internal_error
 
 SUPERVISOR_SOURCE = Path(__file__).with_name("guest_supervisor.py")
+TEMP_PREFIX = "createos-emulator-"
+OWNER_FILE = "owner"
+
+
+def owner_stamp(pid: int) -> str:
+    """``pid starttime`` of a process (start time guards against pid reuse), or ''."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return ""
+    return f"{pid} {int(raw[raw.rfind(b')') + 2 :].split()[19])}"
+
+
+def remove_stale_temp_dirs() -> None:
+    """Delete temp data dirs left by emulators that were killed before they could clean up."""
+    for path in Path(tempfile.gettempdir()).glob(TEMP_PREFIX + "*"):
+        try:
+            stamp = (path / OWNER_FILE).read_text().split()
+            alive = owner_stamp(int(stamp[0])) == " ".join(stamp)
+        except (OSError, ValueError, IndexError):
+            continue  # not ours, or still being set up: leave it
+        if not alive:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Emulator:
@@ -115,8 +139,10 @@ class Emulator:
 
     def _prepare_data_dir(self) -> Path:
         if self._data_dir_arg is None:
-            data_dir = Path(tempfile.mkdtemp(prefix="createos-emulator-"))
+            remove_stale_temp_dirs()
+            data_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
             self._owned_dir = data_dir
+            (data_dir / OWNER_FILE).write_text(owner_stamp(os.getpid()))
         else:
             data_dir = self._data_dir_arg.resolve()
             data_dir.mkdir(parents=True, exist_ok=True)

@@ -43,14 +43,22 @@ async def test_status_fault_with_body_and_method_wildcard(emulator: Emulator) ->
 
 
 async def test_delay_fault_then_performs(emulator: Emulator) -> None:
-    await emulator.admin.add_fault("GET", r"^/healthz$", delay_ms=300)
-    async with api(emulator) as client:
-        started = anyio.current_time()
-        assert (await client.get("/healthz")).status_code == 200
-        assert anyio.current_time() - started >= 0.3
-        started = anyio.current_time()
-        await client.get("/healthz")
-        assert anyio.current_time() - started < 0.3
+    await emulator.admin.add_fault("POST", r"^/v1/sandboxes$", delay_ms=3000)
+    async with httpx.AsyncClient(
+        base_url=emulator.base_url, headers={"X-Api-Key": "test-key"}, timeout=0.5
+    ) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            await impatient.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "name": "late"})
+    with anyio.fail_after(20):  # performed once the delay is over
+        while not (await emulator.admin.requests()):
+            await anyio.sleep(0.05)
+    assert (await emulator.admin.requests())[0]["status"] == 200
+    assert [s["name"] for s in (await emulator.admin.state())["sandboxes"]] == ["late"]
+    async with httpx.AsyncClient(
+        base_url=emulator.base_url, headers={"X-Api-Key": "test-key"}, timeout=2.5
+    ) as client:
+        second = await client.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+        assert second.status_code == 200  # the fault fired once: no 3 s delay any more
 
 
 async def test_drop_fault_closes_without_performing(emulator: Emulator) -> None:

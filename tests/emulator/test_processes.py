@@ -236,6 +236,7 @@ async def test_pause_freezes_a_running_loop(emulator: Emulator) -> None:
         await wait_output(client, sandbox_id, pid, 5)
         await client.post(f"/v1/sandboxes/{sandbox_id}/pause")
         await wait_status(client, sandbox_id, "paused")
+        await anyio.sleep(0.1)  # let the pump drain what was written before the stop
         frozen = (await get_view(client, sandbox_id, pid))["output"]["newest_seq"]
         await anyio.sleep(0.5)
         assert (await get_view(client, sandbox_id, pid))["output"]["newest_seq"] == frozen
@@ -309,13 +310,18 @@ async def test_slow_reader_expires_after_backpressure_window(emulator: Emulator)
     await emulator.admin.settings(journal_bytes=32 * 1024, backpressure_ms=200)
     async with api(emulator) as client:
         sandbox_id = await create_sandbox(client)
-        proc = await start_process(client, sandbox_id, "cat >/dev/null; head -c 30000000 /dev/zero")
+        proc = await start_process(
+            client, sandbox_id, "cat >/dev/null; head -c 100000000 /dev/zero"
+        )
         pid = proc["process_id"]
         url = proc_url(sandbox_id, pid)
         frames: list[dict[str, Any]] = []
         async with client.stream("GET", f"{url}/connect") as response:
             await client.post(f"{url}/stdin/close")
-            await anyio.sleep(1.0)  # never read while the producer runs past the window
+            # Not reading at all: the producer can only finish once the window let it evict
+            # what this reader never got (100 MB cannot sit in socket buffers).
+            done = await client.get(f"{url}/wait", params={"timeout_ms": 60_000})
+            assert done.status_code == 200
             async for line in response.aiter_lines():
                 if line:
                     frames.append(json.loads(line))
