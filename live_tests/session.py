@@ -1,0 +1,144 @@
+"""``LiveSession``: environment calls through a running worker, with the test's config built in.
+
+The API key lives only inside the session's config (hidden from ``repr``); tests pass leases
+and paths around, never the config, so a failing assertion cannot show the key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+
+from provider.devtools.demo_hosts import WorkerHost
+from provider.emulator import Emulator
+
+TIMEOUT_MS: Final = 300_000
+CALL_BUDGET_MS: Final = TIMEOUT_MS + 30_000
+COMMAND_TIMEOUT_MS: Final = 120_000
+CLEANUP_BUDGET_S: Final = CALL_BUDGET_MS / 1000 + 10
+
+
+class CleanupFailed(AssertionError):
+    """The lease could not be destroyed: a sandbox may be left behind (its id is given)."""
+
+
+@dataclass
+class ExecuteOutcome:
+    result: dict[str, Any]
+    live: list[tuple[str, str]]
+
+    def live_text(self, stream: str) -> str:
+        return "".join(chunk for s, chunk in self.live if s == stream)
+
+
+@dataclass
+class LiveSession:
+    host: WorkerHost = field(repr=False)
+    config: dict[str, Any] = field(repr=False)
+    emulator: Emulator | None = field(default=None, repr=False)
+    company_id: str = "live-smoke-company"
+    environment_id: str = field(default_factory=lambda: f"live-smoke-{uuid.uuid4().hex[:12]}")
+
+    def common(self) -> dict[str, Any]:
+        return {
+            "driverKey": "createos",
+            "companyId": self.company_id,
+            "environmentId": self.environment_id,
+            "config": dict(self.config),
+        }
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        return await self.host.call(method, params, timeout_ms=CALL_BUDGET_MS)
+
+    async def validate(self) -> dict[str, Any]:
+        answer: dict[str, Any] = await self.call(
+            "environmentValidateConfig", {"driverKey": "createos", "config": dict(self.config)}
+        )
+        return answer
+
+    async def acquire(self) -> dict[str, Any]:
+        lease: dict[str, Any] = await self.call(
+            "environmentAcquireLease", {**self.common(), "runId": "live-smoke"}
+        )
+        return lease
+
+    def _ref(self, lease: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **self.common(),
+            "providerLeaseId": lease["providerLeaseId"],
+            "leaseMetadata": lease["metadata"],
+        }
+
+    def _with(self, lease: dict[str, Any]) -> dict[str, Any]:
+        return {**self.common(), "lease": {**lease, "expiresAt": None}}
+
+    async def release(self, lease: dict[str, Any]) -> Any:
+        return await self.call("environmentReleaseLease", self._ref(lease))
+
+    async def resume(self, lease: dict[str, Any]) -> Any:
+        return await self.call("environmentResumeLease", self._ref(lease))
+
+    async def destroy(self, lease: dict[str, Any]) -> Any:
+        return await self.call("environmentDestroyLease", self._ref(lease))
+
+    async def sync(self, direction: str, lease: dict[str, Any], mapping: dict[str, Any]) -> Any:
+        method = "environmentSyncIn" if direction == "in" else "environmentSyncOut"
+        operation = {"operationId": f"live-{direction}", "files": [mapping]}
+        return await self.call(method, {**self._with(lease), "operations": [operation]})
+
+    async def execute(self, lease: dict[str, Any], script: str, **extra: Any) -> ExecuteOutcome:
+        """``bash -c script`` in the workspace; live chunks are collected as they arrive."""
+        live: list[tuple[str, str]] = []
+        params = {
+            **self._with(lease),
+            "command": "bash",
+            "args": ["-c", script],
+            "timeoutMs": COMMAND_TIMEOUT_MS,
+            **extra,
+        }
+        result = await self.host.call(
+            "environmentExecute",
+            params,
+            timeout_ms=COMMAND_TIMEOUT_MS + 30_000,
+            on_log=lambda stream, chunk: live.append((stream, chunk)),
+        )
+        return ExecuteOutcome(result, live)
+
+    async def sandbox_status(self, sandbox_id: str) -> str | None:
+        """The emulator's own view of a sandbox (None on a real endpoint, or when gone)."""
+        if self.emulator is None:
+            return None
+        for sandbox in (await self.emulator.admin.state())["sandboxes"]:
+            if sandbox["id"] == sandbox_id:
+                return str(sandbox["status"])
+        return "gone"
+
+    @asynccontextmanager
+    async def reusable_lease(self) -> AsyncIterator[dict[str, Any]]:
+        """Acquire a reusable lease; destroy it on the way out, failing if that fails.
+
+        The body may replace the yielded dict's contents (after a resume); the destroy uses
+        whatever it holds last.
+        """
+        lease = await self.acquire()
+        holder = dict(lease)
+        try:
+            yield holder
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_BUDGET_S) as scope:
+                sandbox_id = holder.get("providerLeaseId")
+                try:
+                    receipt = await self.destroy(holder)
+                except Exception as exc:
+                    raise CleanupFailed(
+                        f"destroying sandbox {sandbox_id} failed ({exc}): it may be left behind"
+                    ) from exc
+                if receipt != {"providerLeaseId": sandbox_id, "state": "destroyed"}:
+                    raise CleanupFailed(f"sandbox {sandbox_id} not confirmed destroyed: {receipt}")
+            if scope.cancelled_caught:
+                raise CleanupFailed(f"destroying sandbox {sandbox_id} timed out")

@@ -1,0 +1,106 @@
+"""CI runs the live smoke tests (``live_tests/``, outside ``testpaths``) against the emulator.
+
+``pytest live_tests`` runs in a subprocess with ``CREATEOS_LIVE_TEST=emulator`` and must pass
+with more than zero tests; without the variable every live test is skipped; a request for a
+real account without its variables is refused. The lease helper's cleanup is checked directly:
+a destroy that fails fails the test that used it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from live_tests.session import CleanupFailed, LiveSession
+from provider.devtools.demo_hosts import open_worker_host
+from provider.emulator import Emulator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 600
+
+
+def run_live_tests(tmp_path: Path, **env: str) -> tuple[int, dict[str, int], str]:
+    """``pytest live_tests`` in a subprocess; returns its code, junit counts and output."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CREATEOS_")}
+    junit = tmp_path / "live.xml"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "live_tests",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            "-q",
+        ],
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    counts: dict[str, int] = {}
+    if junit.exists():
+        suite = ET.parse(junit).getroot()
+        suite = suite if suite.tag == "testsuite" else suite[0]
+        counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    return result.returncode, counts, result.stdout + result.stderr
+
+
+def test_live_smoke_passes_against_the_emulator(tmp_path: Path) -> None:
+    code, counts, output = run_live_tests(tmp_path, CREATEOS_LIVE_TEST="emulator")
+    assert code == 0, output
+    assert counts["tests"] > 0, output
+    assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, output
+
+
+def test_live_smoke_is_skipped_unless_asked_for(tmp_path: Path) -> None:
+    code, counts, output = run_live_tests(tmp_path)
+    assert code == 0, output
+    assert counts["tests"] > 0 and counts["skipped"] == counts["tests"], output
+    assert "CREATEOS_LIVE_TEST=1" in output or "opt-in" in output
+
+
+def test_a_real_run_without_its_variables_fails_naming_them(tmp_path: Path) -> None:
+    code, _counts, output = run_live_tests(
+        tmp_path, CREATEOS_LIVE_TEST="1", CREATEOS_API_KEY="must-not-be-printed"
+    )
+    assert code != 0
+    assert "CREATEOS_API_URL" in output and "CREATEOS_SHAPE" in output
+    assert "must-not-be-printed" not in output
+
+
+@pytest.mark.anyio
+async def test_a_failed_destroy_fails_the_lease_block(emulator: Emulator, tmp_path: Path) -> None:
+    config = {
+        "apiUrl": emulator.base_url,
+        "apiKey": "test-key",
+        "shape": "s-1vcpu-1gb",
+        "timeoutMs": 20_000,
+        "reuseLease": True,
+    }
+    async with open_worker_host("python", log_dir=tmp_path) as host:
+        live = LiveSession(host=host, config=config, emulator=emulator)
+        with pytest.raises(CleanupFailed) as caught:
+            async with live.reusable_lease() as lease:
+                sandbox_id = lease["providerLeaseId"]
+                await emulator.admin.add_fault(
+                    "DELETE",
+                    r"^/v1/sandboxes/[^/]+$",
+                    times=50,
+                    status=500,
+                    body={"status": "error"},
+                )
+        assert sandbox_id in str(caught.value)
+        assert "may be left behind" in str(caught.value)
+        assert "test-key" not in str(caught.value)
+        await emulator.admin.clear_faults()
+        receipt = await live.destroy(lease)
+        assert receipt == {"providerLeaseId": sandbox_id, "state": "destroyed"}
