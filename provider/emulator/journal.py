@@ -200,9 +200,10 @@ async def follow(
 ) -> AsyncIterator[list[bytes]]:
     """NDJSON body of ``connect``: replay after ``after``, follow live, then the exit line.
 
-    Yields lists of buffers (one HTTP chunk each). The cursor only advances once the consumer
-    asks for the next item, i.e. after the previous batch reached the socket, which is what
-    makes a slow reader hold back the producer instead of losing data. With ``frame_limit``
+    Yields lists of buffers (one HTTP chunk each). The cursor advances when a batch is taken;
+    the next batch is only taken once the consumer asks for it, i.e. after the previous one
+    reached the socket, so a slow reader holds back the producer (one batch plus the journal
+    in flight) instead of losing data. With ``frame_limit``
     the stream ends (without an exit line) after that many data frames.
     """
     cursor = journal.attach(after)
@@ -218,10 +219,12 @@ async def follow(
                 buffers: list[bytes] = []
                 for frame in frames:
                     buffers += (frame.head, frame.b64, FRAME_TAIL)
-                yield buffers
+                # The batch holds its frames: the journal may evict them while it is being
+                # written, so the producer keeps encoding during the socket copy.
                 cursor.position = frames[-1].seq
                 sent += len(frames)
                 journal.advanced()
+                yield buffers
                 if frame_limit is not None and sent >= frame_limit:
                     raise StreamCut("fault: cut after frames")
                 continue
