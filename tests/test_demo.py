@@ -128,6 +128,31 @@ async def test_demo_on_a_given_endpoint_with_the_python_host_never_prints_the_ke
     assert all(s["status"] in ("destroyed", "destroying") for s in sandboxes), sandboxes
 
 
+@pytest.mark.anyio
+async def test_a_step_failing_after_acquire_still_destroys_the_lease() -> None:
+    await anyio.to_thread.run_sync(require_bwrap)
+    async with Emulator(api_keys=["demo-key"]) as emulator:
+        # Only the resume step posts /resume: it fails after the lease was paused.
+        await emulator.admin.add_fault("POST", r"/resume$", status=400, times=20)
+        result = await anyio.run_process(
+            [*DEMO, "--api-url", emulator.base_url, "--host", "python"],
+            cwd=REPO_ROOT,
+            env=demo_env(CREATEOS_API_KEY="demo-key"),
+            check=False,
+        )
+        sandboxes = (await emulator.admin.state())["sandboxes"]
+    out = result.stdout.decode()
+    assert result.returncode == 1, out + result.stderr.decode()
+    failed = re.search(r"^\[11\] Resume the same sandbox\n(?:.*\n)*?\s+FAILED after", out, re.M)
+    assert failed is not None, out
+    match = re.search(r"cleanup: destroying sandbox (sb_\w+)", out)
+    assert match is not None, out
+    assert f'cleanup: {{"providerLeaseId": "{match.group(1)}", "state": "destroyed"}}' in out
+    assert f"sandbox       {match.group(1)} (destroyed)" in out
+    assert "Summary: the demo FAILED" in out
+    assert [s for s in sandboxes if s["status"] not in ("destroyed", "destroying")] == []
+
+
 def test_demo_exits_non_zero_and_cleans_up_when_a_step_fails() -> None:
     require_bwrap()
     # The emulator rejects a shape outside its catalog: validation warns, the probe fails.

@@ -150,8 +150,8 @@ async def run_demo(options: DemoOptions, transcript: Transcript, work_dir: Path)
         except (DemoFailure, BwrapUnavailable) as exc:
             if isinstance(exc, BwrapUnavailable):
                 transcript.note(f"bubblewrap cannot sandbox here: {exc}")
-        except Exception as exc:  # a failed call or step: already shown under its step
-            transcript.note(f"stopped: {type(exc).__name__}")
+        except Exception:  # a failed call or step: already shown under its step
+            transcript.note("stopping: the step above failed")
     transcript.print()
     transcript.summary(ok=ok, facts=walk.facts(report) if walk is not None else [])
     return ok
@@ -176,14 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="createos-demo-"))
     transcript = Transcript()
     ok = False
+    interrupted = False
     try:
         ok = anyio.run(run_demo, options, transcript, work_dir)
+    except KeyboardInterrupt:
+        interrupted = True
+        transcript.print("  interrupted (the lease, if any, was destroyed on the way out)")
     finally:
         if ok and not options.keep:
             shutil.rmtree(work_dir, ignore_errors=True)
         else:
             transcript.print(f"  logs and files kept in {work_dir}")
-    return 0 if ok else 1
+    return 130 if interrupted else 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import anyio
+
 LABEL_WIDTH = 14
 REDACTED = "***"
 
@@ -67,7 +69,8 @@ class Transcript:
             yield record
         except BaseException as exc:
             record.seconds = time.perf_counter() - record.started
-            reason = str(exc) or type(exc).__name__
+            cancelled = isinstance(exc, anyio.get_cancelled_exc_class() | KeyboardInterrupt)
+            reason = "interrupted" if cancelled else str(exc) or type(exc).__name__
             self.print(f"     FAILED after {record.seconds:.2f} s: {reason}")
             self.print()
             raise
