@@ -18,7 +18,7 @@ from provider.config import validate_config
 from provider.driver import leases
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
 from provider.driver.journal import LeaseJournal
-from provider.driver.output import LiveBudget, split_chunks
+from provider.driver.live import LiveRelay
 from provider.driver.params import (
     AcquireParams,
     CallParams,
@@ -116,25 +116,34 @@ class DriverService:
             stdin=p.stdin,
             timeout=timeout,
         )
-        budget = LiveBudget()
-
-        async def send_live(stream: str, text: str) -> None:
-            for chunk in split_chunks(budget.admit(text)):
-                await self.notify("execute.log", {"stream": stream, "chunk": chunk})
-
+        relay = LiveRelay(self.notify)
+        failure: Exception | None = None
         async with (
             self.runtime.tracker.track(scope, "command"),
             self.runtime.client_factory(call.config, call.api_key) as client,
             self._poison_on_unconfirmed(scope),
         ):
-            return await run_command(
-                client,
-                scope.lease_id,
-                spec,
-                on_output=send_live,
-                cleanup_timeout=call.timeout,
-                record=JournaledProcesses(self.runtime.journal, scope),
-            )
+            # The relay's writer runs beside the command; the result is answered once it has
+            # sent every live chunk. A failure is re-raised outside the task group so that it
+            # keeps its own type (never an ExceptionGroup); cancellation passes through.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(relay.run)
+                try:
+                    result = await run_command(
+                        client,
+                        scope.lease_id,
+                        spec,
+                        on_output=relay.put,
+                        cleanup_timeout=call.timeout,
+                        record=JournaledProcesses(self.runtime.journal, scope),
+                    )
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    relay.close()
+            if failure is not None:
+                raise failure
+            return result
 
     # -- sync --------------------------------------------------------------------------------
 
