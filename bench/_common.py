@@ -44,6 +44,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # fields 14 and 15 of stat
 
 
+def descendants_cpu_seconds(root: int) -> float:
+    """CPU time of every live descendant of ``root`` plus the children each one has reaped
+    (utime, stime, cutime, cstime): for the emulator, its sandboxes' processes."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+    total = 0.0
+    for pid in times:
+        ancestor = parents.get(pid, 0)
+        while ancestor > 1 and ancestor != root:
+            ancestor = parents.get(ancestor, 0)
+        if ancestor == root:
+            total += times[pid]
+    return total
+
+
 def parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 

@@ -1,0 +1,378 @@
+"""Sync transfer: a 1 GiB tree (one 512 MiB file plus 20,000 small files) synced in and out
+through the worker, against ``tar`` piped into a plain HTTP PUT (and a GET piped into ``tar -x``)
+against the same emulator in the same run.
+
+The worker runs in its own process (bench/_common.py ``StdioWorker``: the protocol over pipes,
+the host's scrubbed environment, so its requests are paced at the real 300 ms) and the emulator
+in another, so the worker's peak RSS (VmHWM) and CPU time are its own.
+
+- sync in, worker: ``environmentSyncIn`` of the directory (the worker archives it to a temp file,
+  PUTs it, and one guarded control command unpacks it in the sandbox).
+- sync in, baseline: ``tar -cf - -C src .`` streamed as the body of one PUT (httpx, no pacing),
+  then the same unpacking in the sandbox with one ``exec`` (``tar -xf``), so both end with the
+  tree in the workspace.
+- sync out, worker: ``environmentSyncOut`` of that directory (a control command packs it, the
+  worker downloads to a temp file, validates the whole archive, then extracts it with tarfile).
+- sync out, baseline: ``exec`` of ``tar -cf`` in the sandbox, then one GET streamed into
+  ``tar -xf - -C dst``.
+
+The transfer part of each baseline (the PUT, the GET) is also printed on its own. The emulator's
+per-file limit is raised to 2 GiB for the run (its default, like CreateOS, is about 512 MiB:
+see the report). Goals: ratios <= 1.3, worker peak RSS < 100 MiB. Data lives under a temp
+folder (about 1 GiB on the host, more inside the emulator) and is removed afterwards.
+
+    .venv/bin/python bench/sync_transfer.py [--rounds 1] [--small-files 20000] [--big-mib 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from _common import (
+    API_KEY,
+    GIB,
+    MIB,
+    RunningEmulator,
+    StdioWorker,
+    cpu_seconds,
+    emulator_process,
+    environment_call,
+    lease_ref,
+    peak_rss_mib,
+    save_result,
+    with_lease,
+)
+
+from provider.createos.client import CreateOSClient
+from provider.createos.pacer import RequestPacer
+
+GOAL_RATIO = 1.3
+GOAL_RSS_MIB = 100.0
+WORKSPACE = "/paperclip-workspace"
+PIPE_READ = 1024 * 1024
+
+
+# --- the data ---------------------------------------------------------------------------------
+
+
+def make_tree(root: Path, *, big_bytes: int, small_files: int, small_total: int) -> tuple[int, int]:
+    """One big file plus ``small_files`` files in 100 folders; returns (files, bytes)."""
+    root.mkdir()
+    block = os.urandom(MIB)
+    with (root / "big.bin").open("wb") as out:
+        for index in range(big_bytes // MIB):
+            out.write(index.to_bytes(8, "little") + block[8:])
+        out.write(block[: big_bytes % MIB])
+    size = small_total // small_files
+    pool = os.urandom(size + 4096)
+    for index in range(small_files):
+        folder = root / f"d{index % 100:02d}"
+        if index < 100:
+            folder.mkdir()
+        offset = index % 4096
+        (folder / f"f{index:05d}.dat").write_bytes(pool[offset : offset + size])
+    return small_files + 1, big_bytes + size * small_files
+
+
+def tree_figures(root: Path) -> tuple[int, int]:
+    files = total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            files += 1
+            total += os.lstat(os.path.join(folder, name)).st_size
+    return files, total
+
+
+# --- baselines ----------------------------------------------------------------------------------
+
+
+def plain_api(base_url: str) -> CreateOSClient:
+    return CreateOSClient(
+        base_url, API_KEY, pacer=RequestPacer(base_url, interval=0.0, shared_dir=None)
+    )
+
+
+async def baseline_in(
+    emu: RunningEmulator, sandbox_id: str, src: Path, target: str
+) -> dict[str, float]:
+    """``tar -c`` piped into one PUT, then one exec unpacking it into the workspace."""
+    scratch = "/tmp/bench-baseline-in.tar"
+    started = time.perf_counter()
+    tar = await anyio.open_process(["tar", "-cf", "-", "-C", str(src), "."], stdout=subprocess.PIPE)
+
+    async def body() -> AsyncIterator[bytes]:
+        assert tar.stdout is not None
+        while True:
+            try:
+                yield await tar.stdout.receive(PIPE_READ)
+            except anyio.EndOfStream:
+                return
+
+    async with (
+        httpx.AsyncClient(
+            base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
+        ) as http,
+        plain_api(emu.base_url) as api,
+    ):
+        answer = await http.put(
+            f"/v1/sandboxes/{sandbox_id}/files",
+            params={"path": scratch},
+            content=body(),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        answer.raise_for_status()
+        if await tar.wait() != 0:
+            raise RuntimeError("baseline tar -c failed")
+        transferred = time.perf_counter()
+        script = f"mkdir -p {target} && tar -xf {scratch} -C {target} && rm -f {scratch}"
+        result = await api.exec(sandbox_id, "/bin/bash", ["-c", script])
+        if result.exit_code != 0:
+            raise RuntimeError(f"baseline unpack failed: {result.stderr[-300:]!r}")
+    finished = time.perf_counter()
+    return {"total_s": finished - started, "transfer_s": transferred - started}
+
+
+async def baseline_out(
+    emu: RunningEmulator, sandbox_id: str, source: str, dst: Path
+) -> dict[str, float]:
+    """One exec packing the tree, then one GET piped into ``tar -x``."""
+    scratch = "/tmp/bench-baseline-out.tar"
+    dst.mkdir()
+    started = time.perf_counter()
+    async with (
+        httpx.AsyncClient(
+            base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
+        ) as http,
+        plain_api(emu.base_url) as api,
+    ):
+        result = await api.exec(sandbox_id, "/bin/tar", ["-cf", scratch, "-C", source, "."])
+        if result.exit_code != 0:
+            raise RuntimeError(f"baseline pack failed: {result.stderr[-300:]!r}")
+        packed = time.perf_counter()
+        tar = await anyio.open_process(["tar", "-xf", "-", "-C", str(dst)], stdin=subprocess.PIPE)
+        assert tar.stdin is not None
+        async with http.stream(
+            "GET", f"/v1/sandboxes/{sandbox_id}/files", params={"path": scratch}
+        ) as answer:
+            answer.raise_for_status()
+            async for chunk in answer.aiter_raw(PIPE_READ):
+                await tar.stdin.send(chunk)
+        await tar.stdin.aclose()
+        if await tar.wait() != 0:
+            raise RuntimeError("baseline tar -x failed")
+        finished = time.perf_counter()
+        await api.exec(sandbox_id, "/bin/rm", ["-f", scratch])
+    return {"total_s": finished - started, "transfer_s": finished - packed}
+
+
+# --- the worker -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    worker_in_s: float
+    worker_out_s: float
+    worker_in_cpu_s: float
+    worker_out_cpu_s: float
+    baseline_in_s: float
+    baseline_out_s: float
+    baseline_put_s: float
+    baseline_get_s: float
+    bytes_in: int
+    bytes_out: int
+
+
+async def sandbox_tree(emu: RunningEmulator, sandbox_id: str, path: str) -> tuple[int, int]:
+    async with plain_api(emu.base_url) as api:
+        script = (
+            f"find {path} -type f | wc -l; "
+            f"find {path} -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s+0}}'"
+        )
+        result = await api.exec(sandbox_id, "/bin/bash", ["-c", script])
+    files, total = result.stdout.split()
+    return int(files), int(total)
+
+
+async def sandbox_rm(emu: RunningEmulator, sandbox_id: str, *paths: str) -> None:
+    async with plain_api(emu.base_url) as api:
+        await api.exec(sandbox_id, "/bin/rm", ["-rf", "--", *paths])
+
+
+async def one_round(
+    emu: RunningEmulator,
+    worker: StdioWorker,
+    common: dict[str, Any],
+    lease: dict[str, Any],
+    src: Path,
+    work: Path,
+    expected: tuple[int, int],
+    index: int,
+) -> Round:
+    sandbox_id = lease["providerLeaseId"]
+    ours, theirs = f"{WORKSPACE}/ours", f"{WORKSPACE}/theirs"
+
+    async def worker_in() -> tuple[float, float, int]:
+        operation = {
+            "operationId": "in",
+            "files": [{"sourcePath": str(src), "targetPath": ours, "kind": "directory"}],
+        }
+        cpu = cpu_seconds(worker.pid)
+        started = time.perf_counter()
+        result = await worker.call(
+            "environmentSyncIn", {**with_lease(common, lease), "operations": [operation]}
+        )
+        elapsed = time.perf_counter() - started
+        return elapsed, cpu_seconds(worker.pid) - cpu, result["operations"][0]["bytesTransferred"]
+
+    async def worker_out(dst: Path) -> tuple[float, float, int]:
+        operation = {
+            "operationId": "out",
+            "files": [{"sourcePath": ours, "targetPath": str(dst), "kind": "directory"}],
+        }
+        cpu = cpu_seconds(worker.pid)
+        started = time.perf_counter()
+        result = await worker.call(
+            "environmentSyncOut", {**with_lease(common, lease), "operations": [operation]}
+        )
+        elapsed = time.perf_counter() - started
+        return elapsed, cpu_seconds(worker.pid) - cpu, result["operations"][0]["bytesTransferred"]
+
+    # Sync in, alternating which goes first from round to round.
+    if index % 2 == 0:
+        w_in = await worker_in()
+        b_in = await baseline_in(emu, sandbox_id, src, theirs)
+    else:
+        b_in = await baseline_in(emu, sandbox_id, src, theirs)
+        w_in = await worker_in()
+    for path in (ours, theirs):
+        got = await sandbox_tree(emu, sandbox_id, path)
+        if got != expected:
+            raise RuntimeError(f"sync in to {path}: {got} files/bytes, expected {expected}")
+    await sandbox_rm(emu, sandbox_id, theirs)
+
+    ours_dst, theirs_dst = work / f"out-ours-{index}", work / f"out-theirs-{index}"
+    if index % 2 == 0:
+        w_out = await worker_out(ours_dst)
+        b_out = await baseline_out(emu, sandbox_id, ours, theirs_dst)
+    else:
+        b_out = await baseline_out(emu, sandbox_id, ours, theirs_dst)
+        w_out = await worker_out(ours_dst)
+    for folder in (ours_dst, theirs_dst):
+        got = await anyio.to_thread.run_sync(tree_figures, folder)
+        if got != expected:
+            raise RuntimeError(f"sync out to {folder}: {got} files/bytes, expected {expected}")
+    await anyio.to_thread.run_sync(shutil.rmtree, ours_dst)
+    await anyio.to_thread.run_sync(shutil.rmtree, theirs_dst)
+    await sandbox_rm(emu, sandbox_id, ours)
+    return Round(
+        worker_in_s=w_in[0],
+        worker_out_s=w_out[0],
+        worker_in_cpu_s=w_in[1],
+        worker_out_cpu_s=w_out[1],
+        baseline_in_s=b_in["total_s"],
+        baseline_out_s=b_out["total_s"],
+        baseline_put_s=b_in["transfer_s"],
+        baseline_get_s=b_out["transfer_s"],
+        bytes_in=w_in[2],
+        bytes_out=w_out[2],
+    )
+
+
+async def measure(rounds: int, small_files: int, big_mib: int) -> dict[str, Any]:
+    results: list[Round] = []
+    with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
+        work = Path(tmp)
+        src = work / "src"
+        print(f"writing the tree under {src} ...", file=sys.stderr)
+        expected = await anyio.to_thread.run_sync(
+            lambda: make_tree(
+                src, big_bytes=big_mib * MIB, small_files=small_files, small_total=512 * MIB
+            )
+        )
+        async with emulator_process() as emu:
+            await emu.admin.settings(max_file_bytes=2 * GIB)
+            common = environment_call(emu.base_url)
+            async with StdioWorker() as worker:
+                lease = await worker.call("environmentAcquireLease", {**common, "runId": "bench"})
+                try:
+                    for index in range(rounds):
+                        result = await one_round(
+                            emu, worker, common, lease, src, work, expected, index
+                        )
+                        results.append(result)
+                        print(f"  round {index + 1}: {asdict(result)}", file=sys.stderr)
+                    peak = peak_rss_mib(worker.pid)
+                finally:
+                    await worker.call("environmentReleaseLease", lease_ref(common, lease))
+
+    def median(name: str) -> float:
+        return round(float(statistics.median(getattr(r, name) for r in results)), 2)
+
+    tree_bytes = expected[1]
+    return {
+        "tree": {"files": expected[0], "bytes": tree_bytes},
+        "rounds": rounds,
+        "goal_ratio": GOAL_RATIO,
+        "goal_peak_rss_mib": GOAL_RSS_MIB,
+        "sync_in_s": {
+            "worker": median("worker_in_s"),
+            "baseline": median("baseline_in_s"),
+            "baseline_put_only": median("baseline_put_s"),
+        },
+        "sync_out_s": {
+            "worker": median("worker_out_s"),
+            "baseline": median("baseline_out_s"),
+            "baseline_get_only": median("baseline_get_s"),
+        },
+        "ratio_in": round(median("worker_in_s") / median("baseline_in_s"), 3),
+        "ratio_out": round(median("worker_out_s") / median("baseline_out_s"), 3),
+        "worker_cpu_s": {"in": median("worker_in_cpu_s"), "out": median("worker_out_cpu_s")},
+        "worker_peak_rss_mib": round(peak, 1),
+        "runs": [asdict(r) for r in results],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--small-files", type=int, default=20_000)
+    parser.add_argument("--big-mib", type=int, default=512)
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    args = parser.parse_args()
+    result = anyio.run(measure, args.rounds, args.small_files, args.big_mib)
+    tree = result["tree"]
+    print(
+        f"sync transfer: {tree['files']} files, {tree['bytes'] / GIB:.2f} GiB, "
+        f"median of {args.rounds} round(s)"
+    )
+    s_in, s_out = result["sync_in_s"], result["sync_out_s"]
+    print(
+        f"  sync in : worker {s_in['worker']} s, baseline {s_in['baseline']} s "
+        f"(its PUT alone {s_in['baseline_put_only']} s)"
+    )
+    print(
+        f"  sync out: worker {s_out['worker']} s, baseline {s_out['baseline']} s "
+        f"(its GET alone {s_out['baseline_get_only']} s)"
+    )
+    print(f"ratio in {result['ratio_in']}, ratio out {result['ratio_out']} (goal <= {GOAL_RATIO})")
+    print(f"worker CPU: in {result['worker_cpu_s']['in']} s, out {result['worker_cpu_s']['out']} s")
+    print(f"worker peak RSS: {result['worker_peak_rss_mib']} MiB (goal < {GOAL_RSS_MIB})")
+    if not args.no_save:
+        save_result("sync_transfer", result)
+
+
+if __name__ == "__main__":
+    main()
