@@ -401,6 +401,13 @@ class HTTPServer:
                     await conn.send_buffers([b"0\r\n\r\n"])
                     complete = True
                 tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # A client that hung up mid-stream surfaces as an OSError inside the task group;
+            # that ends this connection only, never the server.
+            _gone, rest = group.split((ConnectionError, OSError))
+            if rest is not None:
+                raise
+            return False
         finally:
             with anyio.CancelScope(shield=True):
                 aclose = getattr(stream, "aclose", None)

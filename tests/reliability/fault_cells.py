@@ -115,12 +115,7 @@ SITES: tuple[Site, ...] = (
          "probe", "probe", "idempotent", 1),
 )  # fmt: skip
 
-KNOWN_EMULATOR_BUGS = {
-    "execute.connect.timeout": "emulator bug: a streamed answer written after its client hung "
-    "up (the delayed connect) raises BrokenPipeError inside the task group of "
-    "provider/emulator/http.py _send_stream; the ExceptionGroup escapes _serve_connection's "
-    "`except (ConnectionError, OSError)` and stops the whole emulator",
-}
+KNOWN_EMULATOR_BUGS: dict[str, str] = {}
 """Cells that cannot run until the emulator is fixed (reported; not a worker outcome)."""
 
 UNUSED_ENDPOINTS = {
