@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import anyio
 import anyio.lowlevel
+import httpcore
 import httpx
 
 from provider.createos.envelope import list_page, unwrap_success
@@ -68,6 +69,25 @@ MAX_RETRY_AFTER: Final = 60.0
 """A Retry-After longer than this is not waited for: the error is raised with the hint."""
 LIST_PAGE: Final = 100
 _MAX_PAGES: Final = 10_000
+
+HTTP11_READ_BYTES: Final = 256 * 1024
+
+
+def _widen_http11_reads() -> None:
+    """Read responses 256 KiB at a time instead of httpcore's 64 KiB.
+
+    The asyncio transport receives up to 256 KiB per ``recv``; 64 KiB reads split each of those
+    into four (copying the rest every time) and run the h11/httpcore/httpx layers four times.
+    On the output stream and downloads this costs about a fifth of the worker's CPU per byte
+    (bench/execute_relay.py). httpcore has no option for it, so the class default is raised once;
+    a httpcore without that attribute (or with another default) is left as it is.
+    """
+    connection = getattr(httpcore, "AsyncHTTP11Connection", None)
+    if connection is not None and getattr(connection, "READ_NUM_BYTES", None) == 64 * 1024:
+        connection.READ_NUM_BYTES = HTTP11_READ_BYTES
+
+
+_widen_http11_reads()
 
 _IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
 _POST_RETRY: Final = frozenset({429})
