@@ -1,10 +1,12 @@
 """Execute relay: a command printing 256 MiB of text, followed through the worker, against a
 plain client that only reads the same ``connect`` stream.
 
-Three readers of the same kind of process in the same emulator (its own process), interleaved:
+Readers of the same kind of process in the same emulator (its own process), interleaved:
 
 - ``plain``: httpx straight to ``GET .../connect?after=0``; each frame decoded with msgspec
   (type + strict base64) and its bytes counted. No pacing, no UTF-8 decoding, no tail.
+  ``plain-256k`` is the same reader with the 256 KiB response reads the worker's own client
+  uses (``plain`` keeps httpx's default, 64 KiB): the stricter baseline.
 - ``manager``: ``environmentExecute`` through the REAL Paperclip worker manager (Node) into its
   ``onLog`` sink; the peer relays every chunk as an NDJSON line and this script parses it.
 - ``stand-in``: the same call from a Python host stand-in that speaks the worker protocol over
@@ -25,7 +27,7 @@ goes. Readers are interleaved round by round; medians and best runs are both rep
 other work on a shared machine disturbs single runs. Goals: ratio >= 0.7, peak RSS < 100 MiB.
 
     .venv/bin/python bench/execute_relay.py [--mib 256] [--rounds 5]
-        [--readers plain,manager,stand-in]
+        [--readers plain,plain-256k,manager,stand-in]
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpcore
 import httpx
 import msgspec
 from _common import (
@@ -62,11 +66,12 @@ from _common import (
     with_lease,
 )
 
-from provider.createos.client import CreateOSClient
+from provider.createos.client import HTTP11_READ_BYTES, CreateOSClient
 from provider.createos.pacer import RequestPacer
 from provider.devtools.host_peer import HostPeer
 
 GOAL_RATIO = 0.7
+HTTPX_DEFAULT_READ = 64 * 1024
 GOAL_RSS_MIB = 100.0
 LIVE_CAP = 128 * MIB  # characters the worker relays live per call (= the host's cap)
 TAIL = 4 * MIB  # characters the result keeps per stream
@@ -141,12 +146,32 @@ class _Frame(msgspec.Struct):
 _decode_frame = msgspec.json.Decoder(_Frame).decode
 
 
-async def plain_run(base_url: str, sandbox_id: str, size: int) -> Run:
-    """Create the process behind a gate, attach to ``connect``, open the gate, read to exit."""
+async def plain_run(base_url: str, sandbox_id: str, size: int, reader: str) -> Run:
+    """Create the process behind a gate, attach to ``connect``, open the gate, read to exit.
+
+    ``plain`` reads with httpx's defaults (httpcore reads 64 KiB at a time); ``plain-256k``
+    with the 256 KiB reads the worker's client uses (provider.createos.client).
+    """
+    read_bytes = HTTP11_READ_BYTES if reader == "plain-256k" else HTTPX_DEFAULT_READ
+    with _http11_reads(read_bytes):
+        return await _plain_run(base_url, sandbox_id, size, reader)
+
+
+@contextmanager
+def _http11_reads(read_bytes: int) -> Iterator[None]:
+    before = httpcore.AsyncHTTP11Connection.READ_NUM_BYTES
+    httpcore.AsyncHTTP11Connection.READ_NUM_BYTES = read_bytes
+    try:
+        yield
+    finally:
+        httpcore.AsyncHTTP11Connection.READ_NUM_BYTES = before
+
+
+async def _plain_run(base_url: str, sandbox_id: str, size: int, reader: str) -> Run:
     gate = f"/tmp/bench-gate-{uuid.uuid4().hex}"
     script = f"while [ ! -e {gate} ]; do sleep 0.01; done; {producer(size)}"
     pacer = RequestPacer(base_url, interval=0.0, shared_dir=None)
-    run = Run("plain")
+    run = Run(reader)
     async with (
         CreateOSClient(base_url, API_KEY, pacer=pacer) as api,
         httpx.AsyncClient(base_url=base_url, headers={"X-Api-Key": API_KEY}) as http,
@@ -299,14 +324,20 @@ async def measure(size: int, rounds: int, readers: list[str]) -> dict[str, Any]:
         "worker_peak_rss_mib": {k: round(v, 1) for k, v in rss.items() if _wanted(k, readers)},
         "runs": [asdict(r) for r in runs],
     }
-    plain = result["readers"].get("plain")
-    for reader in ("manager", "stand-in"):
-        mine = result["readers"].get(reader)
-        if plain and mine:
+    ratios: dict[str, Any] = {}
+    for baseline in ("plain", "plain-256k"):
+        plain = result["readers"].get(baseline)
+        for reader in ("manager", "stand-in"):
+            mine = result["readers"].get(reader)
+            if not (plain and mine):
+                continue
+            entry: dict[str, float] = {}
             for key in ("live", "whole"):
-                mine[f"{key}_ratio"] = round(mine[f"{key}_mib_s"] / plain[f"{key}_mib_s"], 3)
+                entry[key] = round(mine[f"{key}_mib_s"] / plain[f"{key}_mib_s"], 3)
                 best = mine[f"best_{key}_mib_s"] / plain[f"best_{key}_mib_s"]
-                mine[f"best_{key}_ratio"] = round(best, 3)
+                entry[f"best_{key}"] = round(best, 3)
+            ratios[f"{reader}/{baseline}"] = entry
+    result["ratios"] = ratios
     return result
 
 
@@ -330,8 +361,8 @@ async def _one(
     reader_before = cpu_seconds(os.getpid())
     node_pid = parent_pid(parent_pid(manager_pid))  # worker -> shim -> the manager's process
     node_before = cpu_seconds(node_pid)
-    if reader == "plain":
-        run = await plain_run(emu.base_url, lease["providerLeaseId"], size)
+    if reader.startswith("plain"):
+        run = await plain_run(emu.base_url, lease["providerLeaseId"], size, reader)
     elif reader == "manager":
         run = await worker_run(reader, via_manager, manager_pid, common, lease, size)
     else:
@@ -360,7 +391,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--mib", type=int, default=256, help="output size (default 256)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--readers", default="plain,manager,stand-in")
+    parser.add_argument("--readers", default="plain,plain-256k,manager,stand-in")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = parser.parse_args()
     readers = [r.strip() for r in args.readers.split(",") if r.strip()]
@@ -376,15 +407,11 @@ def main() -> None:
         if "cpu_s_per_gib" in figures:
             line += f"  worker {figures['cpu_s_per_gib']} CPU s/GiB"
         print(line)
-    for reader in ("manager", "stand-in"):
-        figures = result["readers"].get(reader)
-        if figures and "live_ratio" in figures:
-            print(
-                f"ratio {reader}/plain: live {figures['live_ratio']}, "
-                f"whole {figures['whole_ratio']} (medians; best runs: live "
-                f"{figures['best_live_ratio']}, whole {figures['best_whole_ratio']}) "
-                f"(goal >= {GOAL_RATIO})"
-            )
+    for name, ratio in result["ratios"].items():
+        print(
+            f"ratio {name}: live {ratio['live']}, whole {ratio['whole']} (medians; best runs: "
+            f"live {ratio['best_live']}, whole {ratio['best_whole']}) (goal >= {GOAL_RATIO})"
+        )
     for worker, mib in result["worker_peak_rss_mib"].items():
         print(f"worker peak RSS ({worker}): {mib} MiB (goal < {GOAL_RSS_MIB})")
     if not args.no_save:
