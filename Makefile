@@ -51,8 +51,14 @@ check: setup
 
 ## demo: start the worker under the real Paperclip worker manager and talk to it
 demo: setup
-	$(PY) -m provider.devtools.demo_host
+	$(PY) -m provider.devtools.demo $(DEMO_ARGS)
 
-## bench: cold-start figures through the real worker manager
+## bench: every figure in the README (several minutes; see bench/README.md)
 bench: setup
 	$(PY) bench/cold_start.py
+	$(PY) bench/emulator_latency.py
+	$(PY) bench/emulator_stream.py
+	$(PY) bench/execute_relay.py
+	$(PY) bench/sync_transfer.py
+	$(PY) bench/fault_matrix.py
+	$(PY) bench/load.py
