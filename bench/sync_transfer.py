@@ -356,6 +356,13 @@ async def measure(rounds: int, small_files: int, big_mib: int) -> dict[str, Any]
         },
         "ratio_in": round(median("worker_in_s") / median("baseline_in_s"), 3),
         "ratio_out": round(median("worker_out_s") / median("baseline_out_s"), 3),
+        "round_ratios": [
+            {
+                "in": round(r.worker_in_s / r.baseline_in_s, 3),
+                "out": round(r.worker_out_s / r.baseline_out_s, 3),
+            }
+            for r in results
+        ],
         "worker_cpu_s": {"in": median("worker_in_cpu_s"), "out": median("worker_out_cpu_s")},
         "worker_peak_rss_mib": round(peak, 1),
         "runs": [asdict(r) for r in results],
@@ -385,6 +392,8 @@ def main() -> None:
         f"(its GET alone {s_out['baseline_get_only']} s)"
     )
     print(f"ratio in {result['ratio_in']}, ratio out {result['ratio_out']} (goal <= {GOAL_RATIO})")
+    per_round = ", ".join(f"{r['in']}/{r['out']}" for r in result["round_ratios"])
+    print(f"  per round (in/out): {per_round}")
     print(f"worker CPU: in {result['worker_cpu_s']['in']} s, out {result['worker_cpu_s']['out']} s")
     print(f"worker peak RSS: {result['worker_peak_rss_mib']} MiB (goal < {GOAL_RSS_MIB})")
     if not args.no_save:
