@@ -135,11 +135,18 @@ class SyncSession:
             nonlocal sent
             sent = count
 
-        async with anyio.create_task_group() as tg:
-            if size > PROGRESS_THRESHOLD and self.log is not None:
+        if size <= PROGRESS_THRESHOLD or self.log is None:
+            await self.client.put_file(self.sandbox_id, scratch, data)
+            return
+        try:
+            async with anyio.create_task_group() as tg:
                 tg.start_soon(self._report, lambda: sent, size, f"Uploading {mapping.sandbox_path}")
-            await self.client.put_file(self.sandbox_id, scratch, data, on_progress=progress)
-            tg.cancel_scope.cancel()
+                await self.client.put_file(self.sandbox_id, scratch, data, on_progress=progress)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1:  # the upload's own error, not a group, for callers
+                raise group.exceptions[0] from None
+            raise
 
     async def _report(self, current: Callable[[], int], total: int, what: str) -> None:
         assert self.log is not None

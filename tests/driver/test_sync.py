@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
+from provider.createos.errors import CreateOSError
 from provider.errors import ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 
@@ -276,3 +277,14 @@ async def test_links_are_archived_without_opening_their_targets(
         await sync_in(h, lease, op(mapping(src, f"{WS}/p", "directory")))
     check = await sh(h, lease, f"readlink {WS}/p/to-fifo")
     assert check["stdout"] == f"{fifo}\n"
+
+
+async def test_failed_large_upload_raises_its_own_error(harness: Harness, tmp_path: Path) -> None:
+    h = harness
+    lease = await h.acquire()
+    big = tmp_path / "big"
+    with big.open("wb") as f:
+        f.truncate(65 * 1024 * 1024)  # over the progress threshold: reported while it uploads
+    await h.emulator.admin.add_fault("PUT", r"/files$", status=400, times=5)
+    with pytest.raises(CreateOSError):  # the client's own error, never an ExceptionGroup
+        await sync_in(h, lease, op(mapping(big, f"{WS}/big")))
