@@ -19,7 +19,7 @@ from provider.createos.client import CreateOSClient
 from provider.createos.errors import APIStatusError, NotFound, RateLimited
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams, LeaseIdParams, LeaseParams
-from provider.driver.recovery import recover_orphans
+from provider.driver.recovery import claim_lease, recover_orphans
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -216,9 +216,7 @@ def _cleanup_timeout(call: BoundCall) -> float:
 async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any]:
     call = bind_call(runtime, params)
     metadata = params.leaseMetadata or {}
-    scope = owned_scope(call, params.providerLeaseId, metadata)
-    await recover_orphans(runtime, call)
-    await runtime.load_poison(scope)
+    scope = await claim_lease(runtime, call, params.providerLeaseId, metadata)
     runtime.tracker.check_usable(scope, "resume this lease")
     sandbox_id = scope.lease_id
     marker = metadata.get("marker")
@@ -262,9 +260,7 @@ async def release(
     if not params.providerLeaseId:
         return None
     call = bind_call(runtime, params)
-    scope = owned_scope(call, params.providerLeaseId, params.leaseMetadata)
-    await recover_orphans(runtime, call)
-    await runtime.load_poison(scope)
+    scope = await claim_lease(runtime, call, params.providerLeaseId, params.leaseMetadata)
     sandbox_id = scope.lease_id
     verb = "destroyed" if destroy else "released"
     async with (

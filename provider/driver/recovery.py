@@ -12,15 +12,18 @@ when the journal holds no orphan for that origin and key.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import NotFound
 from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import BoundCall, DriverRuntime
+from provider.driver.runtime import BoundCall, DriverRuntime, owned_scope
 from provider.driver.sandbox_ops import delete_sandbox_confirmed
+from provider.driver.tracker import ScopeKey
 from provider.errors import ProviderError
 
 RECOVERY_BUDGET = 30.0
@@ -49,6 +52,20 @@ async def recover_orphans(runtime: DriverRuntime, call: BoundCall) -> None:
                     await anyio.to_thread.run_sync(journal.mark_unconfirmed, orphan.scope)
             if creates:
                 await _reap_creates(client, journal, set(creates))
+
+
+async def claim_lease(
+    runtime: DriverRuntime,
+    call: BoundCall,
+    lease_id: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> ScopeKey:
+    """Ownership check (no HTTP on refusal), then crash recovery and any journaled poison mark:
+    what every call on an existing lease does before its own work."""
+    scope = owned_scope(call, lease_id, metadata)
+    await recover_orphans(runtime, call)
+    await runtime.load_poison(scope)
+    return scope
 
 
 async def _kill(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:

@@ -29,8 +29,8 @@ from provider.driver.params import (
     decode_params,
 )
 from provider.driver.probe import probe
-from provider.driver.recovery import recover_orphans
-from provider.driver.runtime import DriverRuntime, bind_call, deadline, owned_scope
+from provider.driver.recovery import claim_lease
+from provider.driver.runtime import DriverRuntime, bind_call, deadline
 from provider.driver.sync import SyncSession
 from provider.driver.sync_plan import Direction, plan_sync
 from provider.driver.tracker import ScopeKey
@@ -100,9 +100,7 @@ class DriverService:
     async def execute(self, params: dict[str, Any]) -> dict[str, Any]:
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
-        scope = owned_scope(call, p.lease.providerLeaseId, p.lease.metadata)
-        await recover_orphans(self.runtime, call)
-        await self.runtime.load_poison(scope)
+        scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
         timeout = (
             call.timeout
             if p.timeoutMs is None
@@ -157,9 +155,7 @@ class DriverService:
         method = "environmentSyncIn" if direction == "in" else "environmentSyncOut"
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
-        scope = owned_scope(call, p.lease.providerLeaseId, p.lease.metadata)
-        await recover_orphans(self.runtime, call)
-        await self.runtime.load_poison(scope)
+        scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
         async with (
