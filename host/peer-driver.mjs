@@ -43,18 +43,70 @@ const peerDir = path.resolve(args.peerDir ?? process.env.PAPERCLIP_PEER_DIR ?? p
 const logFile = path.resolve(args.logFile ?? process.env.PAPERCLIP_PEER_LOG ?? path.join(peerDir, "peer.log"));
 
 // --- stdout discipline: protocol lines only -------------------------------------------------
-const OUT_FD = 1;
+// Protocol lines go out through the real process.stdout stream (non-blocking on a pipe): every
+// emit() joins a queue that is written as one chunk per event-loop turn; while the pipe is full
+// the queue waits for 'drain' (no EAGAIN spinning) and keeps collecting, in order. flushOut()
+// resolves once everything emitted so far has reached the pipe.
+const out = process.stdout;
+const streamWrite = out.write; // the stream's own write, before the override below
 const logFd = fs.openSync(logFile, "a");
+let outQueue = [];
+let outScheduled = false;
+let outWaitingDrain = false;
+let outBroken = false;
+let outIdle = Promise.resolve(); // settles once the latest write has been handed to the pipe
+let outWritten = () => {}; // settles outIdle
+
+out.on("error", () => {
+  // The reader is gone (EPIPE): drop output; closing stdin ends this process.
+  outBroken = true;
+  outQueue = [];
+  outWritten();
+});
+
+function pumpOut() {
+  outScheduled = false;
+  if (outWaitingDrain || outBroken || outQueue.length === 0) return;
+  const data = outQueue.length === 1 ? outQueue[0] : outQueue.join("");
+  outQueue = [];
+  let written = () => {};
+  outIdle = new Promise((resolve) => {
+    written = resolve;
+  });
+  outWritten = written;
+  if (!streamWrite.call(out, data, "utf8", () => written())) {
+    outWaitingDrain = true;
+    out.once("drain", () => {
+      outWaitingDrain = false;
+      pumpOut();
+    });
+  }
+}
+
+function emit(message) {
+  if (outBroken) return;
+  outQueue.push(`${JSON.stringify(message)}\n`);
+  if (!outScheduled && !outWaitingDrain) {
+    outScheduled = true;
+    setImmediate(pumpOut);
+  }
+}
+
+async function flushOut() {
+  for (;;) {
+    if (outBroken) return;
+    if (outQueue.length > 0 && !outWaitingDrain) pumpOut();
+    const idle = outIdle;
+    await idle;
+    if (outQueue.length === 0 && idle === outIdle) return;
+  }
+}
 
 function writeAllSync(fd, text) {
   const buffer = Buffer.from(text, "utf8");
   let offset = 0;
   while (offset < buffer.length) {
-    try {
-      offset += fs.writeSync(fd, buffer, offset, buffer.length - offset);
-    } catch (err) {
-      if (err.code !== "EAGAIN") throw err;
-    }
+    offset += fs.writeSync(fd, buffer, offset, buffer.length - offset);
   }
 }
 
@@ -68,10 +120,6 @@ process.stdout.write = (chunk, encoding, callback) => {
 };
 process.env.NODE_ENV = "production"; // JSON pino logs instead of the pretty transport on fd 1
 process.env.PAPERCLIP_LOG_LEVEL ??= "debug";
-
-function emit(message) {
-  writeAllSync(OUT_FD, `${JSON.stringify(message)}\n`);
-}
 
 // --- the real host modules --------------------------------------------------------------------
 const services = path.join(peerDir, "node_modules/@paperclipai/server/dist/services");
@@ -256,6 +304,7 @@ lines.on("line", (line) => {
 lines.on("close", async () => {
   await manager.stopAll(); // pending calls fail once their worker exits
   await Promise.allSettled([...pending]);
+  await flushOut(); // every answer and log line reaches the pipe before exit
   fs.closeSync(logFd);
   process.exit(0);
 });

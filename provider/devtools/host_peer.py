@@ -14,14 +14,14 @@ Used by the conformance tests (tests/host), the benchmark and the demo.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
-import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -29,13 +29,14 @@ from typing import Any, Final, Self
 
 import anyio
 import anyio.abc
-
-from provider.rpc.stdio import LineReader
+import anyio.lowlevel
+import msgspec
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT: Final = REPO_ROOT / "host" / "install-peer.sh"
 DRIVER_SCRIPT: Final = REPO_ROOT / "host" / "peer-driver.mjs"
 DEFAULT_PLUGIN_ID: Final = "createos-under-test"
+READ_BYTES: Final = 1 << 20  # one read of the driver's pipe, and the pipe's size when allowed
 
 LogCallback = Callable[[str, str], None]
 
@@ -73,6 +74,23 @@ async def ensure_peer_installed(peer_dir: Path | None = None) -> Path:
         raise PeerUnavailable(f"host/install-peer.sh failed ({result.returncode}):\n{detail}")
     lines = result.stdout.decode().strip().splitlines()
     return Path(lines[-1]) if lines else target
+
+
+# --- the driver's stdout pipe ----------------------------------------------------------------
+
+_decode_line = msgspec.json.Decoder().decode
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """Grow the pipe to ``READ_BYTES`` (Linux; capped by fs.pipe-max-size), best effort."""
+    # Not Linux, or above this machine's limit: the default size still works.
+    with suppress(AttributeError, OSError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, READ_BYTES)
+
+
+def _close_fd(fd: int) -> None:
+    with suppress(OSError):
+        os.close(fd)
 
 
 # --- processes via /proc ---------------------------------------------------------------------
@@ -179,27 +197,33 @@ class HostPeer:
     async def __aenter__(self) -> Self:
         self.peer_dir = await ensure_peer_installed(self.peer_dir)
         log_file = self.log_file or self.peer_dir / "peer.log"
+        read_fd, write_fd = os.pipe()  # the driver's stdout: our own pipe, enlarged
         async with AsyncExitStack() as stack:
-            process = await anyio.open_process(
-                [
-                    "node",
-                    str(DRIVER_SCRIPT),
-                    "--peer-dir",
-                    str(self.peer_dir),
-                    "--log-file",
-                    str(log_file),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=None,
-                cwd=self.cwd,  # the host's cwd, inherited by the worker (it must not matter)
-            )
+            stack.callback(_close_fd, read_fd)
+            try:
+                _enlarge_pipe(read_fd)
+                process = await anyio.open_process(
+                    [
+                        "node",
+                        str(DRIVER_SCRIPT),
+                        "--peer-dir",
+                        str(self.peer_dir),
+                        "--log-file",
+                        str(log_file),
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=write_fd,
+                    stderr=None,
+                    cwd=self.cwd,  # the host's cwd, inherited by the worker (it must not matter)
+                )
+            finally:
+                os.close(write_fd)  # the driver holds the only write end: EOF when it exits
             self._process = process
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             # Runs first on exit: the driver stops its workers and exits, the reader sees EOF.
             stack.push_async_callback(self._close_process, process)
-            tg.start_soon(self._read_loop, process)
+            tg.start_soon(self._read_loop, read_fd)
             with anyio.fail_after(60):
                 await self._ready.wait()
             self._stack = stack.pop_all()
@@ -226,21 +250,35 @@ class HostPeer:
                 await process.wait()
             await process.aclose()
 
-    async def _read_loop(self, process: anyio.abc.Process) -> None:
-        assert process.stdout is not None
-        reader = LineReader(process.stdout)
+    async def _read_loop(self, fd: int) -> None:
+        """Reads the driver's pipe up to 1 MiB at a time and routes each NDJSON line."""
+        os.set_blocking(fd, False)
+        parts: list[bytes] = []  # an unterminated line, joined once its newline arrives
         try:
             while True:
                 try:
-                    line = await reader.receive_line()
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    print(f"host peer: non-JSON line {line[:200]!r}", file=sys.stderr)
+                    chunk = os.read(fd, READ_BYTES)
+                except BlockingIOError:
+                    await anyio.wait_readable(fd)
                     continue
-                self._route(message)
+                if not chunk:
+                    break
+                lines = chunk.split(b"\n")
+                if len(lines) == 1:
+                    parts.append(chunk)
+                    continue
+                if parts:
+                    parts.append(lines[0])
+                    lines[0] = b"".join(parts)
+                    parts.clear()
+                if lines[-1]:
+                    parts.append(lines[-1])
+                del lines[-1]
+                for line in lines:
+                    self._handle_line(line)
+                await anyio.lowlevel.checkpoint()  # let callers run between large reads
+            if parts:
+                self._handle_line(b"".join(parts))
         finally:
             self._closed = True
             for request_id, event in list(self._pending.items()):
@@ -250,6 +288,19 @@ class HostPeer:
                 )
                 event.set()
             self._event_arrived.set()
+
+    def _handle_line(self, line: bytes) -> None:
+        if not line or line.isspace():
+            return
+        try:
+            message = _decode_line(line)
+        except msgspec.DecodeError:
+            print(f"host peer: non-JSON line {line[:200]!r}", file=sys.stderr)
+            return
+        if isinstance(message, dict):
+            self._route(message)
+        else:
+            print(f"host peer: unexpected line {line[:200]!r}", file=sys.stderr)
 
     def _route(self, message: dict[str, Any]) -> None:
         request_id = message.get("id")
@@ -300,9 +351,9 @@ class HostPeer:
         self._pending[request_id] = done
         if on_log is not None:
             self._log_callbacks[request_id] = on_log
-        line = json.dumps({**(payload or {}), "id": request_id, "op": op}) + "\n"
+        line = msgspec.json.encode({**(payload or {}), "id": request_id, "op": op}) + b"\n"
         try:
-            await process.stdin.send(line.encode())
+            await process.stdin.send(line)
             with anyio.fail_after(timeout_s):
                 await done.wait()
         finally:
