@@ -1,20 +1,18 @@
-"""Shared pieces of the benchmarks: the emulator as a subprocess, a Python host stand-in that
-speaks the worker protocol over pipes, /proc figures of a process, and config helpers.
+"""Shared pieces of the benchmarks: the emulator as a subprocess, /proc figures of a process, and
+config helpers. The Python host stand-in is :class:`provider.devtools.stdio_host.StdioHost`.
 
 Not a test helper: nothing here asserts; the scripts print what they measure.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import secrets
 import signal
 import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -24,7 +22,7 @@ import anyio.abc
 
 from provider.devtools.host_peer import REPO_ROOT
 from provider.emulator import EmulatorAdmin
-from provider.rpc.stdio import FdReceiveStream, FdSendStream, LineReader
+from provider.rpc.stdio import LineReader
 
 PYTHON: Final = str(REPO_ROOT / ".venv" / "bin" / "python")
 API_KEY: Final = "bench-key"
@@ -152,187 +150,3 @@ def environment_call(base_url: str, *, timeout_ms: int = 600_000) -> dict[str, A
             "reuseLease": False,
         },
     }
-
-
-def with_lease(common: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
-    return {**common, "lease": {**lease, "expiresAt": None}}
-
-
-def lease_ref(common: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **common,
-        "providerLeaseId": lease["providerLeaseId"],
-        "leaseMetadata": lease["metadata"],
-    }
-
-
-# --- a Python host stand-in ------------------------------------------------------------------
-
-LogSink = Callable[[str, str], None]
-
-
-class WorkerCallError(Exception):
-    def __init__(self, error: dict[str, Any]) -> None:
-        super().__init__(f"[{error.get('code')}] {error.get('message')}")
-        self.error = error
-
-
-class _BigReads(anyio.abc.ByteReceiveStream):
-    """Reads the worker's stdout pipe in 1 MiB gulps (what a host with a big buffer does)."""
-
-    def __init__(self, fd: int) -> None:
-        self._inner = FdReceiveStream(fd)
-
-    async def receive(self, max_bytes: int = MIB) -> bytes:
-        return await self._inner.receive(max(max_bytes, MIB))
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class StdioWorker:
-    """``python -m provider`` on pipes, driven the way the host drives it.
-
-    Every line the worker writes is parsed (``json.loads``); ``execute.log`` notifications are
-    routed to the sink of the call whose invocation id they carry. The environment is scrubbed
-    like the host's (PATH and the deployment variables only), so the worker paces its requests
-    with the real 300 ms. The pipes are read and written without blocking, like the worker's own.
-    """
-
-    def __init__(self, argv: list[str] | None = None) -> None:
-        self._argv = argv or [PYTHON, "-m", "provider"]
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, anyio.Event] = {}
-        self._answers: dict[int, dict[str, Any]] = {}
-        self._sinks: dict[str, LogSink] = {}
-        self._stack: AsyncExitStack | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._send: FdSendStream | None = None
-        self._send_lock = anyio.Lock()
-        self.lines_parsed = 0
-        self.host_logs: list[dict[str, Any]] = []
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
-
-    async def __aenter__(self) -> StdioWorker:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PAPERCLIP_DEPLOYMENT_MODE": "local_trusted",
-            "PAPERCLIP_DEPLOYMENT_EXPOSURE": "private",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONUTF8": "1",
-        }
-        async with AsyncExitStack() as stack:
-            process = subprocess.Popen(
-                self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT, env=env
-            )
-            self._process = process
-            assert process.stdin is not None and process.stdout is not None
-            self._send = FdSendStream(process.stdin.fileno())
-            receive = _BigReads(process.stdout.fileno())
-            stack.push_async_callback(self._close, process, receive)
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            tg.start_soon(self._read_loop, receive)
-            init = {
-                "manifest": json.loads((REPO_ROOT / "manifest.json").read_text()),
-                "config": {},
-                "apiVersion": 1,
-                "databaseNamespace": None,
-                "instanceInfo": {"instanceId": "bench", "hostVersion": "0.0.0"},
-            }
-            await self.call("initialize", init)
-            self._stack = stack.pop_all()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._stack is not None
-        await self._stack.aclose()
-
-    async def _close(self, process: subprocess.Popen[bytes], receive: _BigReads) -> None:
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(15):
-                if process.poll() is None:
-                    await self.call("shutdown", {})
-            assert self._send is not None and process.stdin is not None
-            await self._send.aclose()
-            process.stdin.close()
-            with anyio.move_on_after(15):
-                await anyio.to_thread.run_sync(process.wait)
-            if process.poll() is None:
-                process.kill()
-                await anyio.to_thread.run_sync(process.wait)
-            await receive.aclose()
-            if process.stdout is not None:
-                process.stdout.close()
-
-    async def _read_loop(self, receive: _BigReads) -> None:
-        reader = LineReader(receive)
-        try:
-            while True:
-                try:
-                    line = await reader.receive_line()
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
-                message = json.loads(line)
-                self.lines_parsed += 1
-                self._route(message)
-        finally:
-            for request_id, event in list(self._waiting.items()):
-                self._answers.setdefault(
-                    request_id, {"error": {"code": None, "message": "worker exited"}}
-                )
-                event.set()
-
-    def _route(self, message: dict[str, Any]) -> None:
-        method = message.get("method")
-        if method == "execute.log":
-            sink = self._sinks.get(str(message.get("paperclipInvocationId")))
-            params = message["params"]
-            if sink is not None:
-                sink(params["stream"], params["chunk"])
-        elif method == "log":
-            self.host_logs.append(message["params"])
-        elif method is None:
-            request_id = message.get("id")
-            if isinstance(request_id, int) and request_id in self._waiting:
-                self._answers[request_id] = message
-                self._waiting.pop(request_id).set()
-        else:
-            print(f"stand-in host: unexpected {method!r} from the worker", file=sys.stderr)
-
-    async def call(
-        self, method: str, params: dict[str, Any], *, on_log: LogSink | None = None
-    ) -> Any:
-        assert self._send is not None
-        request_id = next(self._ids)
-        message: dict[str, Any] = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": method,
-            "params": params,
-        }
-        invocation = f"inv-{request_id}"
-        if "companyId" in params:
-            message["paperclipInvocation"] = {
-                "id": invocation,
-                "scope": {"companyId": params["companyId"]},
-            }
-        if on_log is not None:
-            self._sinks[invocation] = on_log
-        done = anyio.Event()
-        self._waiting[request_id] = done
-        try:
-            async with self._send_lock:
-                await self._send.send(json.dumps(message).encode() + b"\n")
-            await done.wait()
-        finally:
-            self._waiting.pop(request_id, None)
-            self._sinks.pop(invocation, None)
-        answer = self._answers.pop(request_id)
-        if "error" in answer:
-            raise WorkerCallError(answer["error"])
-        return answer.get("result")

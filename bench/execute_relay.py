@@ -10,7 +10,8 @@ Readers of the same kind of process in the same emulator (its own process), inte
 - ``manager``: ``environmentExecute`` through the REAL Paperclip worker manager (Node) into its
   ``onLog`` sink; the peer relays every chunk as an NDJSON line and this script parses it.
 - ``stand-in``: the same call from a Python host stand-in that speaks the worker protocol over
-  pipes and parses every line (bench/_common.py ``StdioWorker``), without Node in the path.
+  pipes and parses every line (provider/devtools/stdio_host.py ``StdioHost``), without Node in
+  the path.
 
 The worker sends at most 128 Mi characters live per call (the host's own cap, spec 5); the rest
 of the output is still read, decoded and tail-buffered. So two rates are reported per reader:
@@ -53,22 +54,21 @@ from _common import (
     API_KEY,
     GIB,
     MIB,
+    PYTHON,
     RunningEmulator,
-    StdioWorker,
     cpu_seconds,
     descendants_cpu_seconds,
     emulator_process,
     environment_call,
-    lease_ref,
     parent_pid,
     peak_rss_mib,
     save_result,
-    with_lease,
 )
 
 from provider.createos.client import HTTP11_READ_BYTES, CreateOSClient
 from provider.createos.pacer import RequestPacer
 from provider.devtools.host_peer import HostPeer
+from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 GOAL_RATIO = 0.7
 HTTPX_DEFAULT_READ = 64 * 1024
@@ -278,7 +278,7 @@ async def measure(size: int, rounds: int, readers: list[str]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             async with (
                 HostPeer(log_file=Path(tmp) / "peer.log", cwd=Path(tmp)) as peer,
-                StdioWorker() as stand_in,
+                StdioHost(python=PYTHON, stderr="inherit") as stand_in,
             ):
                 await peer.start_worker(auto_restart=False)
                 manager_pid = peer.worker_pid()

@@ -2,8 +2,9 @@
 through the worker, against ``tar`` piped into a plain HTTP PUT (and a GET piped into ``tar -x``)
 against the same emulator in the same run.
 
-The worker runs in its own process (bench/_common.py ``StdioWorker``: the protocol over pipes,
-the host's scrubbed environment, so its requests are paced at the real 300 ms) and the emulator
+The worker runs in its own process (provider/devtools/stdio_host.py ``StdioHost``: the protocol
+over pipes, the host's scrubbed environment, so its requests are paced at the real 300 ms) and the
+emulator
 in another, so the worker's peak RSS (VmHWM) and CPU time are its own.
 
 - sync in, worker: ``environmentSyncIn`` of the directory (the worker archives it to a temp file,
@@ -49,19 +50,18 @@ from _common import (
     API_KEY,
     GIB,
     MIB,
+    PYTHON,
     RunningEmulator,
-    StdioWorker,
     cpu_seconds,
     emulator_process,
     environment_call,
-    lease_ref,
     peak_rss_mib,
     save_result,
-    with_lease,
 )
 
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
+from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 GOAL_RATIO = 1.3
 GOAL_RSS_MIB = 100.0
@@ -222,7 +222,7 @@ async def sandbox_rm(emu: RunningEmulator, sandbox_id: str, *paths: str) -> None
 
 async def one_round(
     emu: RunningEmulator,
-    worker: StdioWorker,
+    worker: StdioHost,
     common: dict[str, Any],
     lease: dict[str, Any],
     src: Path,
@@ -322,7 +322,7 @@ async def measure(rounds: int, small_files: int, big_mib: int) -> dict[str, Any]
         async with emulator_process() as emu:
             await emu.admin.settings(max_file_bytes=2 * GIB)
             common = environment_call(emu.base_url)
-            async with StdioWorker() as worker:
+            async with StdioHost(python=PYTHON, stderr="inherit") as worker:
                 lease = await worker.call("environmentAcquireLease", {**common, "runId": "bench"})
                 try:
                     for index in range(rounds):

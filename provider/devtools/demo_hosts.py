@@ -2,7 +2,7 @@
 
 ``open_worker_host`` starts our worker under the real Paperclip worker manager (Node, via
 :class:`~provider.devtools.host_peer.HostPeer`) or, when Node/npm are missing or asked for,
-under the small Python host of :mod:`provider.devtools.demo_stdio_host`. Both give a
+under the small Python host of :mod:`provider.devtools.stdio_host`. Both give a
 :class:`WorkerHost`: ``call(method, params, timeout_ms=..., on_log=...)`` plus what the start-up
 reported. Used by the demo and the live smoke tests.
 """
@@ -18,8 +18,8 @@ from typing import Any, Final, Literal, Protocol
 
 import anyio
 
-from provider.devtools.demo_stdio_host import LogCallback, StdioHost
 from provider.devtools.host_peer import HostPeer, PeerUnavailable, pid_alive, wait_until_gone
+from provider.devtools.stdio_host import LogCallback, StdioHost
 
 HostChoice = Literal["auto", "node", "python"]
 HOST_CHOICES: tuple[HostChoice, ...] = ("auto", "node", "python")
@@ -80,7 +80,7 @@ class _ManagerHost:
 @dataclass
 class _PythonHost:
     host: StdioHost
-    name: str = "the Python stdio host (provider/devtools/demo_stdio_host.py; Node not used)"
+    name: str = "the Python stdio host (provider/devtools/stdio_host.py; Node not used)"
 
     @property
     def supported_methods(self) -> list[str]:
@@ -150,7 +150,7 @@ async def open_worker_host(
                     stack.push_async_callback(_stop_worker, peer)
                     host = _ManagerHost(peer, info.supported_methods, info.start_ms, pids)
             if choice == "python":
-                stdio = StdioHost(env=worker_env, stderr_path=log_dir / "worker-stderr.log")
+                stdio = StdioHost(env=worker_env, stderr=log_dir / "worker-stderr.log")
                 await stack.enter_async_context(stdio)
                 host = _PythonHost(stdio)
                 pids = host.worker_pids

@@ -27,14 +27,9 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import Emulator
-from tests.reliability.stdio_host import (
-    StdioHost,
-    WorkerCallError,
-    environment_call,
-    lease_ref,
-    with_lease,
-)
+from tests.reliability.call_params import environment_call
 
 API_KEY = "load-key"
 PACE = 0.3

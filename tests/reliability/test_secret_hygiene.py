@@ -22,17 +22,11 @@ from typing import Any
 
 import pytest
 
+from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
+from tests.reliability.call_params import environment_call, state_files
 from tests.reliability.secret_scan import encoded_forms, find_secret
-from tests.reliability.stdio_host import (
-    StdioHost,
-    WorkerCallError,
-    environment_call,
-    lease_ref,
-    state_files,
-    with_lease,
-)
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +54,7 @@ async def test_no_form_of_the_key_leaves_the_worker(tmp_path: Path) -> None:
     runtime_dir = tmp_path / "runtime"
     env = {"XDG_STATE_HOME": str(state_home), "PAPERCLIP_CREATEOS_RUNTIME_DIR": str(runtime_dir)}
     emulator = Emulator(api_keys=[key])
-    async with emulator, StdioHost(env=env) as host:
+    async with emulator, StdioHost(env=env, record=True) as host:
         excluded = await run_flow(host, emulator, key, tmp_path)
     assert emulator.leaked_host_pids() == []
     assert host.returncode == 0
