@@ -189,9 +189,7 @@ class LeaseJournal:
         with this origin and key look for it until ``watch_seconds`` have passed."""
         until = time.time() + watch_seconds
         with self._tx() as db:
-            db.execute(
-                "UPDATE creates SET owner=? WHERE token=?", (f"{ABANDONED}{until:.3f}", token)
-            )
+            db.execute("UPDATE creates SET owner=? WHERE token=?", (f"{ABANDONED}{until!r}", token))
 
     def watching_create(self, token: str) -> bool:
         """Whether recovery should keep looking for ``token`` although a lookup missed it."""
