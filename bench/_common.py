@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
-import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import anyio
-import anyio.abc
-
+from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.host_peer import REPO_ROOT
-from provider.emulator import EmulatorAdmin
-from provider.rpc.stdio import LineReader
 
 PYTHON: Final = str(REPO_ROOT / ".venv" / "bin" / "python")
 API_KEY: Final = "bench-key"
@@ -93,47 +86,14 @@ def save_result(name: str, result: dict[str, Any]) -> Path:
 # --- the emulator in its own process --------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunningEmulator:
-    base_url: str
-    admin: EmulatorAdmin
-    pid: int
-
-
 @asynccontextmanager
-async def emulator_process() -> AsyncIterator[RunningEmulator]:
-    """``python -m provider.emulator`` on an ephemeral port, stopped with SIGTERM afterwards."""
-    token = secrets.token_urlsafe(16)
-    process = await anyio.open_process(
-        [
-            PYTHON,
-            "-m",
-            "provider.emulator",
-            "--quiet",
-            "--api-key",
-            API_KEY,
-            "--admin-token",
-            token,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=None,
-        cwd=REPO_ROOT,
-    )
-    try:
-        assert process.stdout is not None
-        with anyio.fail_after(30):
-            base_url = (await LineReader(process.stdout).receive_line()).decode().strip()
-        yield RunningEmulator(base_url, EmulatorAdmin(base_url, token), process.pid)
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-            with anyio.move_on_after(30):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await process.aclose()
+async def emulator_process() -> AsyncIterator[EmulatorProcess]:
+    """``python -m provider.emulator`` on an ephemeral port in a temp folder, stopped afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-emulator-") as tmp:
+        root = Path(tmp)
+        root.chmod(0o711)  # the sandboxes' unprivileged uid must reach the data folder
+        async with EmulatorProcess(root / "data", API_KEY) as emu:
+            yield emu
 
 
 def environment_call(base_url: str, *, timeout_ms: int = 600_000) -> dict[str, Any]:

@@ -55,7 +55,6 @@ from _common import (
     GIB,
     MIB,
     PYTHON,
-    RunningEmulator,
     cpu_seconds,
     descendants_cpu_seconds,
     emulator_process,
@@ -67,6 +66,7 @@ from _common import (
 
 from provider.createos.client import HTTP11_READ_BYTES, CreateOSClient
 from provider.createos.pacer import RequestPacer
+from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.host_peer import HostPeer
 from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
@@ -347,7 +347,7 @@ def _wanted(worker: str, readers: list[str]) -> bool:
 
 async def _one(
     reader: str,
-    emu: RunningEmulator,
+    emu: EmulatorProcess,
     lease: dict[str, Any],
     common: dict[str, Any],
     size: int,
@@ -356,6 +356,7 @@ async def _one(
     manager_pid: int,
     stand_in_pid: int,
 ) -> Run:
+    assert emu.pid is not None  # set once the emulator process started
     emulator_before = cpu_seconds(emu.pid)
     sandbox_before = descendants_cpu_seconds(emu.pid)
     reader_before = cpu_seconds(os.getpid())

@@ -51,7 +51,6 @@ from _common import (
     GIB,
     MIB,
     PYTHON,
-    RunningEmulator,
     cpu_seconds,
     emulator_process,
     environment_call,
@@ -61,6 +60,7 @@ from _common import (
 
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
+from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 GOAL_RATIO = 1.3
@@ -115,7 +115,7 @@ def plain_api(base_url: str) -> CreateOSClient:
 
 
 async def baseline_in(
-    emu: RunningEmulator, sandbox_id: str, src: Path, target: str
+    emu: EmulatorProcess, sandbox_id: str, src: Path, target: str
 ) -> dict[str, float]:
     """``tar -c`` piped into one PUT, then one exec unpacking it into the workspace."""
     scratch = "/tmp/bench-baseline-in.tar"
@@ -155,7 +155,7 @@ async def baseline_in(
 
 
 async def baseline_out(
-    emu: RunningEmulator, sandbox_id: str, source: str, dst: Path
+    emu: EmulatorProcess, sandbox_id: str, source: str, dst: Path
 ) -> dict[str, float]:
     """One exec packing the tree, then one GET piped into ``tar -x``."""
     scratch = "/tmp/bench-baseline-out.tar"
@@ -204,7 +204,7 @@ class Round:
     bytes_out: int
 
 
-async def sandbox_tree(emu: RunningEmulator, sandbox_id: str, path: str) -> tuple[int, int]:
+async def sandbox_tree(emu: EmulatorProcess, sandbox_id: str, path: str) -> tuple[int, int]:
     async with plain_api(emu.base_url) as api:
         script = (
             f"find {path} -type f | wc -l; "
@@ -215,13 +215,13 @@ async def sandbox_tree(emu: RunningEmulator, sandbox_id: str, path: str) -> tupl
     return int(files), int(total)
 
 
-async def sandbox_rm(emu: RunningEmulator, sandbox_id: str, *paths: str) -> None:
+async def sandbox_rm(emu: EmulatorProcess, sandbox_id: str, *paths: str) -> None:
     async with plain_api(emu.base_url) as api:
         await api.exec(sandbox_id, "/bin/rm", ["-rf", "--", *paths])
 
 
 async def one_round(
-    emu: RunningEmulator,
+    emu: EmulatorProcess,
     worker: StdioHost,
     common: dict[str, Any],
     lease: dict[str, Any],

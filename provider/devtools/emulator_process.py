@@ -1,7 +1,9 @@
-"""The CreateOS emulator as its own process (``python -m provider.emulator``), for the e2e smoke.
+"""The CreateOS emulator as its own process (``python -m provider.emulator``).
 
-The full server reaches it over loopback like a real CreateOS endpoint; the admin API
-(``/_emulator/``) gives the request log and the state view the test checks before stopping it.
+Used where the emulator must be a separate process reached over loopback like a real CreateOS
+endpoint: the e2e smoke (the full Paperclip server talks to it) and the benchmarks (so the
+emulator's CPU is not the measured process's). The admin API (``/_emulator/``) gives the request
+log and the state view; ``stop`` checks that no process of the emulator outlived it.
 """
 
 from __future__ import annotations
