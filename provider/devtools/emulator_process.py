@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -25,11 +26,18 @@ from provider.emulator.client import EmulatorAdmin
 
 
 class EmulatorProcess:
-    """``async with EmulatorProcess(data_dir, api_key) as emu``: ``emu.base_url``, ``emu.admin``."""
+    """``async with EmulatorProcess(data_dir, api_key) as emu``: ``emu.base_url``, ``emu.admin``.
 
-    def __init__(self, data_dir: Path, api_key: str) -> None:
+    ``images`` maps extra rootfs names to local folders (``--image NAME=DIR``), overlaid
+    read-only in the sandboxes created with that ``rootfs``.
+    """
+
+    def __init__(
+        self, data_dir: Path, api_key: str, images: Mapping[str, Path] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.api_key = api_key
+        self.images = {name: Path(folder).resolve() for name, folder in (images or {}).items()}
         self.log_path = data_dir.parent / "emulator.log"
         self.base_url = ""
         self.pid: int | None = None
@@ -46,6 +54,8 @@ class EmulatorProcess:
         argv = [sys.executable, "-m", "provider.emulator", "--host", "127.0.0.1", "--port", "0"]
         argv += ["--api-key", self.api_key, "--admin-token", self._token]
         argv += ["--data-dir", str(self.data_dir)]
+        for name, folder in self.images.items():
+            argv += ["--image", f"{name}={folder}"]
         self._log = self.log_path.open("wb")
         process = await anyio.open_process(
             argv,

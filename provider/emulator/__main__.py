@@ -1,4 +1,5 @@
-"""CLI: ``python -m provider.emulator [--host] [--port] [--data-dir] [--api-key KEY ...]``.
+"""CLI: ``python -m provider.emulator [--host] [--port] [--data-dir] [--api-key KEY ...]
+[--image NAME=DIR ...]``.
 
 Prints exactly one line on stdout, the base URL, then logs requests to stderr. SIGINT/SIGTERM
 stop it cleanly: every sandbox process is killed and the state it owns is removed.
@@ -15,6 +16,7 @@ import sys
 import anyio
 
 from .bwrap import BwrapUnavailable
+from .images import ImageCatalog, ImageError, parse_specs
 from .server import Emulator
 
 
@@ -39,8 +41,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--admin-token", default=None, help="X-Emulator-Token for /_emulator/")
     parser.add_argument("--region", default="us", help="region this server serves")
     parser.add_argument("--unshare-net", action="store_true", help="no network inside sandboxes")
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="rootfs NAME whose sandboxes see the tree of DIR overlaid read-only (repeatable; "
+        "may override a built-in name such as devbox:1)",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not log requests")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.images = parse_specs(args.image)
+        ImageCatalog(args.images)  # names and folders checked before anything starts
+    except ImageError as exc:
+        parser.error(f"argument --image: {exc}")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -58,6 +74,7 @@ async def serve(args: argparse.Namespace) -> None:
         admin_token=args.admin_token,
         unshare_net=args.unshare_net,
         access_log=not args.quiet,
+        images=args.images,
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with emulator:
@@ -81,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         anyio.run(serve, args)
-    except BwrapUnavailable as exc:
+    except (BwrapUnavailable, ImageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -4,7 +4,8 @@ Every sandbox is one long-lived ``bwrap`` whose payload is the in-guest supervis
 (``guest_supervisor.py``) running as pid 1 of a new PID namespace. The guest sees the host's
 ``/usr`` (and the usual ``/bin``, ``/lib`` symlinks) read-only, a synthetic ``/etc`` with a few
 host files bound read-only, fresh ``/proc`` and ``/dev``, and three writable binds of the
-sandbox's host-side state dir: ``/paperclip-workspace``, ``/tmp`` and ``/root`` (HOME).
+sandbox's host-side state dir: ``/paperclip-workspace``, ``/tmp`` and ``/root`` (HOME). A
+folder image (``images.py``) adds read-only binds on top of that view.
 
 When the emulator runs as root, bwrap itself runs as an unprivileged host uid (``GUEST_UID``)
 inside a user namespace mapping it to guest uid 0, so guest "root" has no power on the host.
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,8 +128,10 @@ def sandbox_argv(
     hostname: str,
     ctrl_fd: int,
     unshare_net: bool,
+    image_mounts: Sequence[str] = (),
 ) -> list[str]:
-    """The full bwrap command line of one sandbox (payload: the supervisor on ``ctrl_fd``)."""
+    """The full bwrap command line of one sandbox (payload: the supervisor on ``ctrl_fd``);
+    ``image_mounts`` (from :func:`images.image_mounts`) overlay the sandbox's image."""
     argv = [runtime.bwrap, "--unshare-user", "--uid", "0", "--gid", "0"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if unshare_net:
@@ -139,6 +143,7 @@ def sandbox_argv(
     for target, link in OPTIONAL_ROOT_LINKS:
         if Path("/" + target).is_dir():
             argv += ["--symlink", target, link]
+    argv += image_mounts
     argv += ["--proc", "/proc", "--dev", "/dev", "--dir", "/run", "--dir", "/var/tmp"]
     argv += ["--dir", "/etc"]
     for entry in sorted(p.name for p in etc_dir.iterdir()):

@@ -1,4 +1,5 @@
-"""Static catalogs: shapes and rootfs images (every rootfs maps to the host OS)."""
+"""Static catalogs: shapes and the built-in rootfs names (each the plain host view; folder
+images and the ``GET /v1/rootfs`` body are in ``images.py``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ ROOTFS: tuple[dict[str, Any], ...] = (
     {"name": "alpine:3.20", "description": "Alpine Linux 3.20"},
     {"name": "desktop:1", "description": "XFCE desktop with Chrome"},
 )
-ROOTFS_NAMES = tuple(entry["name"] for entry in ROOTFS)
 
 
 def shapes() -> list[dict[str, Any]]:
@@ -53,10 +53,6 @@ def shape(shape_id: str) -> dict[str, Any] | None:
         if entry["id"] == shape_id:
             return entry
     return None
-
-
-def rootfs_catalog() -> dict[str, Any]:
-    return {"rootfs": list(ROOTFS_NAMES), "default": DEFAULT_ROOTFS, "entries": list(ROOTFS)}
 
 
 def paginate(items: list[Any], query: dict[str, str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import anyio.abc
 from .bwrap import GuestRuntime
 from .guest import Guest
 from .ids import key_hash
+from .images import ImageCatalog
 from .processes import ManagedProcess
 from .sandboxes import Sandbox, SandboxSpec, guarded
 from .settings import Settings
@@ -64,12 +65,14 @@ class EmulatorCore:
         supervisor: Path,
         settings: dict[str, Any] | None,
         unshare_net: bool,
+        images: ImageCatalog | None = None,
     ) -> None:
         self.keys = {key: key_hash(key) for key in api_keys}
         self.data_dir = data_dir
         self.runtime = runtime
         self.supervisor = supervisor
         self.unshare_net = unshare_net
+        self.images = images if images is not None else ImageCatalog()
         self.settings = Settings()
         self._initial_settings = dict(settings or {})
         errors = self.settings.update(self._initial_settings)

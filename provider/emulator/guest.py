@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ class Guest:
         hostname: str,
         log_path: Path,
         unshare_net: bool,
+        image_mounts: Sequence[str] = (),
     ) -> None:
         """Launch bwrap and wait until the supervisor says it is ready."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -106,6 +108,7 @@ class Guest:
                 hostname=hostname,
                 ctrl_fd=theirs.fileno(),
                 unshare_net=unshare_net,
+                image_mounts=image_mounts,
             )
             argv[1:1] = ["--info-fd", str(info_w)]
             with log_path.open("ab") as errlog:

@@ -13,6 +13,7 @@ import anyio
 from . import catalog
 from .http import Response
 from .ids import random_name
+from .images import ImageError
 from .jsend import ApiError, bad_request, conflict, error, fail, not_found, ok
 from .router import Ctx, Route, route
 from .sandboxes import LIVE, Sandbox, SandboxSpec
@@ -118,7 +119,8 @@ def build_spec(ctx: Ctx, body: dict[str, Any]) -> SandboxSpec:
     rootfs = body.get("rootfs", catalog.DEFAULT_ROOTFS)
     if rootfs is None:
         rootfs = catalog.DEFAULT_ROOTFS
-    if not isinstance(rootfs, str) or rootfs not in catalog.ROOTFS_NAMES:
+    image = ctx.core.images.get(rootfs) if isinstance(rootfs, str) else None
+    if image is None:
         raise bad_request("rootfs", f"unknown rootfs: {rootfs}")
     region = body.get("region", settings.region)
     if region != settings.region:
@@ -147,6 +149,7 @@ def build_spec(ctx: Ctx, body: dict[str, Any]) -> SandboxSpec:
         envs=validate_envs(body.get("envs")),
         auto_pause_after_seconds=None if auto is None else validate_auto_pause(ctx, auto),
         ingress_enabled=_bool(body, "ingress_enabled"),
+        image_root=image.root,
     )
 
 
@@ -164,7 +167,7 @@ async def shapes(ctx: Ctx) -> Response:
 
 
 async def rootfs(ctx: Ctx) -> Response:
-    return ok(catalog.rootfs_catalog())
+    return ok(ctx.core.images.view())
 
 
 async def whoami(ctx: Ctx) -> Response:
@@ -191,6 +194,10 @@ async def create(ctx: Ctx) -> Response:
         return ok(sandbox.create_view())
     try:
         await core.boot(sandbox)
+    except ImageError as exc:
+        log.warning("sandbox %s could not be started: %s", sandbox.id, exc)
+        sandbox.status = "failed"
+        return error(503, f"sandbox could not be started: {exc}")
     except Exception:
         log.exception("sandbox %s could not be started", sandbox.id)
         sandbox.status = "failed"
@@ -314,6 +321,7 @@ async def fork(ctx: Ctx) -> Response:
         envs=envs,
         auto_pause_after_seconds=source.spec.auto_pause_after_seconds,
         ingress_enabled=_bool(body, "ingress_enabled", source.spec.ingress_enabled),
+        image_root=source.spec.image_root,
     )
     child = core.new_sandbox(spec, ctx.owner, forked_from=source.id)
     child.status = "forking"

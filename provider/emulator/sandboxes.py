@@ -25,6 +25,7 @@ from .bwrap import GUEST_PATH, GuestRuntime, write_guest_etc
 from .catalog import BANDWIDTH_QUOTA_BYTES, DEFAULT_DISK_MIB
 from .guest import ChildWatch, Guest, GuestGone
 from .ids import new_id, utc_now
+from .images import image_mounts
 from .journal import Journal
 from .processes import ManagedProcess, StdinWriter
 from .settings import Settings
@@ -51,6 +52,7 @@ class SandboxSpec:
     envs: dict[str, str] = field(default_factory=dict)
     auto_pause_after_seconds: int | None = None
     ingress_enabled: bool = False
+    image_root: Path | None = None  # folder of the rootfs image (None = plain host view)
 
 
 class Sandbox:
@@ -165,11 +167,18 @@ class Sandbox:
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Own the sandbox's task group until it is destroyed; boots the guest first."""
+        started = anyio.current_time()
+        try:
+            # Planned outside the task group so that an ImageError reaches the caller as is.
+            mounts = await anyio.to_thread.run_sync(self._image_mounts)
+        except BaseException:
+            self.status = "failed"
+            self._closed.set()
+            raise
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            started = anyio.current_time()
             try:
-                await self._boot(tg, supervisor, unshare_net)
+                await self._boot(tg, supervisor, unshare_net, mounts)
             except BaseException:
                 self.status = "failed"
                 self._closed.set()
@@ -180,7 +189,14 @@ class Sandbox:
             await self._closed.wait()
             tg.cancel_scope.cancel()
 
-    async def _boot(self, tg: anyio.abc.TaskGroup, supervisor: Path, unshare_net: bool) -> None:
+    def _image_mounts(self) -> list[str]:
+        """bwrap overlay of the sandbox's image, read at every boot (the folder may change)."""
+        root = self.spec.image_root
+        return [] if root is None else image_mounts(root, self.spec.rootfs)
+
+    async def _boot(
+        self, tg: anyio.abc.TaskGroup, supervisor: Path, unshare_net: bool, mounts: list[str]
+    ) -> None:
         await anyio.to_thread.run_sync(self._prepare_dirs)
         guest = Guest(self.runtime)
         self.guest = guest
@@ -192,6 +208,7 @@ class Sandbox:
             hostname=self.spec.name,
             log_path=self.state_dir / "supervisor.log",
             unshare_net=unshare_net,
+            image_mounts=mounts,
         )
 
     def _prepare_dirs(self) -> None:

@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,6 +22,7 @@ from .client import EmulatorAdmin
 from .core import EmulatorCore
 from .hostscan import scan_host
 from .http import HTTPServer
+from .images import ImageCatalog
 from .router import Router, internal_error
 
 SUPERVISOR_SOURCE = Path(__file__).with_name("guest_supervisor.py")
@@ -55,6 +57,9 @@ class Emulator:
     ``async with Emulator(api_keys=["test-key"]) as emu:`` starts it (raising
     :class:`~provider.emulator.bwrap.BwrapUnavailable` when bubblewrap cannot sandbox here);
     leaving the block kills every sandbox process and removes the state it created.
+    ``images`` maps extra rootfs names to local folders overlaid read-only in the sandboxes
+    created with that ``rootfs`` (see :mod:`provider.emulator.images`); a bad name or folder
+    raises :class:`~provider.emulator.images.ImageError` here, an unreachable one on start.
     """
 
     def __init__(
@@ -68,7 +73,9 @@ class Emulator:
         admin_token: str | None = None,
         unshare_net: bool = False,
         access_log: bool = False,
+        images: Mapping[str, Path | str] | None = None,
     ) -> None:
+        self.images = ImageCatalog(images)
         self._api_keys = list(api_keys)
         self._data_dir_arg = Path(data_dir) if data_dir is not None else None
         self._host = host
@@ -88,6 +95,7 @@ class Emulator:
         data_dir = await anyio.to_thread.run_sync(self._prepare_data_dir)
         try:
             await anyio.to_thread.run_sync(check_reachable, data_dir, runtime)
+            await anyio.to_thread.run_sync(self.images.check, runtime)
         except ValueError:
             await self._cleanup()
             raise
@@ -98,6 +106,7 @@ class Emulator:
             supervisor=data_dir / "guest" / "supervisor.py",
             settings=self._settings,
             unshare_net=self._unshare_net,
+            images=self.images,
         )
         router = Router(
             core,
