@@ -6,12 +6,30 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 
 from provider.createos.client import CreateOSClient
-from provider.driver.journal import LeaseJournal, current_owner, default_state_dir, owner_alive
+from provider.driver import journal as journal_module
+from provider.driver.journal import (
+    ABANDONED,
+    LeaseJournal,
+    Owner,
+    ProcStat,
+    current_owner,
+    default_state_dir,
+    owner_alive,
+    parse_owner,
+    parse_proc_stat,
+)
 from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService
 from provider.driver.tracker import ScopeKey
@@ -21,6 +39,9 @@ from tests.driver.conftest import SHAPE, Harness, unpaced_client
 pytestmark = pytest.mark.anyio
 
 DEAD_OWNER = "4194304:0"  # above the kernel's pid limit: never alive
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+# A comm that trips a parser splitting /proc/<pid>/stat at the first ")": it would read state Z.
+HOSTILE_COMM = "w) Z 1 (x"
 
 
 def scope(lease_id: str = "sb_1") -> ScopeKey:
@@ -70,6 +91,114 @@ def test_owner_liveness() -> None:
     assert not owner_alive(DEAD_OWNER)
     assert not owner_alive(f"{os.getpid()}:1")  # same pid, other start time: pid reused
     assert not owner_alive("garbage")
+
+
+def proc_stat(pid: int) -> ProcStat:
+    parsed = parse_proc_stat(Path(f"/proc/{pid}/stat").read_text())
+    assert parsed is not None
+    return parsed
+
+
+def wait_for_state(pid: int, state: str, timeout_s: float = 20.0) -> ProcStat:
+    deadline = time.monotonic() + timeout_s
+    while (stat := proc_stat(pid)).state != state:
+        assert time.monotonic() < deadline, f"pid {pid} never reached state {state}: {stat}"
+        time.sleep(0.01)
+    return stat
+
+
+def test_current_owner_records_pid_start_time_and_boot_id() -> None:
+    assert current_owner() == f"{os.getpid()}:{proc_stat(os.getpid()).start_time}:{BOOT_ID}"
+    assert parse_owner(current_owner()) == Owner(
+        os.getpid(), proc_stat(os.getpid()).start_time, BOOT_ID
+    )
+
+
+@contextmanager
+def hostile_child() -> Iterator[subprocess.Popen[bytes]]:
+    """A live child named HOSTILE_COMM that exits when its stdin closes; reaped on leaving."""
+    script = f"open('/proc/self/comm', 'w').write({HOSTILE_COMM!r}); import sys; sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while HOSTILE_COMM not in Path(f"/proc/{child.pid}/stat").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_live_process_is_alive_whatever_its_comm_holds() -> None:
+    with hostile_child() as child:
+        start = proc_stat(child.pid).start_time
+        assert owner_alive(f"{child.pid}:{start}:{BOOT_ID}")
+        assert owner_alive(f"{child.pid}:{start}")
+
+
+def test_an_unreaped_zombie_owner_is_dead() -> None:
+    """A SIGKILLed worker stays a zombie until its parent reaps it (PID 1 in a container may
+    take its time): its /proc entry, start time included, is still there, yet it is dead."""
+    with hostile_child() as child:
+        assert child.stdin is not None
+        start = proc_stat(child.pid).start_time
+        legacy, owner = f"{child.pid}:{start}", f"{child.pid}:{start}:{BOOT_ID}"
+        assert owner_alive(legacy)
+        child.stdin.close()  # it exits; nobody reaps it (no wait/poll) until the block ends
+        zombie = wait_for_state(child.pid, "Z")
+        assert Path(f"/proc/{child.pid}").exists()
+        assert zombie.start_time == start
+        assert not owner_alive(legacy)
+        assert not owner_alive(owner)
+    assert not owner_alive(owner)  # reaped: no /proc entry left
+
+
+def test_a_recorded_start_time_that_differs_means_a_reused_pid() -> None:
+    start = proc_stat(os.getpid()).start_time
+    other = str(int(start) + 1)
+    assert owner_alive(f"{os.getpid()}:{start}:{BOOT_ID}")
+    assert not owner_alive(f"{os.getpid()}:{other}:{BOOT_ID}")
+    assert not owner_alive(f"{os.getpid()}:{other}")  # legacy format alike
+
+
+def test_an_owner_recorded_before_a_reboot_is_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    start = proc_stat(os.getpid()).start_time
+    before_reboot = f"{os.getpid()}:{start}:{uuid.uuid4()}"  # same pid and start tick by chance
+    assert owner_alive(f"{os.getpid()}:{start}:{BOOT_ID}")
+    assert not owner_alive(before_reboot)
+    monkeypatch.setattr(journal_module, "_boot_id", lambda: None)
+    assert owner_alive(before_reboot)  # no boot id to compare: judged by pid and start time
+
+
+def test_old_format_and_malformed_owners_behave_as_documented() -> None:
+    """Where the record cannot tell, alive: wrongly killing a live worker's command is worse
+    than a cleanup that waits. What no worker writes is malformed, hence dead."""
+    pid, start = os.getpid(), proc_stat(os.getpid()).start_time
+    assert parse_owner(f"{pid}:{start}") == Owner(pid, start, None)
+    assert owner_alive(f"{pid}:{start}")  # written before boot ids were recorded
+    assert owner_alive(f"{pid}:None")  # an old worker that could not read its start time
+    assert owner_alive(f"{pid}::")  # a worker without /proc
+    assert owner_alive(f"{pid}:{start}:{BOOT_ID}:later-field")  # a later version's extra field
+    malformed = ["garbage", "", ":", "0:1", "-1:1", "+1:1", f"{pid}", f"{pid}:soon"]
+    malformed += [f"{pid}:-5:{BOOT_ID}", "1" * 5000 + ":1", f"{ABANDONED}1e99"]
+    for owner in malformed:
+        assert parse_owner(owner) is None, owner
+        assert not owner_alive(owner), owner
+    assert not owner_alive(DEAD_OWNER)  # well formed, no such process
+    assert not owner_alive(f"{DEAD_OWNER}:{BOOT_ID}")
+
+
+def test_proc_stat_parsing_splits_at_the_last_parenthesis() -> None:
+    rest = ["S", *(str(field) for field in range(4, 53))]  # rest[i] holds field i + 3
+    line = f"4242 ({HOSTILE_COMM}) {' '.join(rest)}\n"
+    assert parse_proc_stat(line) == ProcStat(state="S", start_time="22")
+    zombie = f"4242 (a b) (c)) Z {' '.join(rest[1:])}\n"
+    assert parse_proc_stat(zombie) == ProcStat(state="Z", start_time="22")
+    fields = " ".join(rest[1:])
+    for malformed in ["", "4242 (x", "4242 x) S 1 2 3", "4242 (x) S 1 2", f"4242 (x) SS {fields}"]:
+        assert parse_proc_stat(malformed) is None
+    assert parse_proc_stat(f"4242 (x) {' '.join(rest[:19])} ticks 23") is None
 
 
 def test_state_folder_location() -> None:
@@ -146,6 +275,59 @@ async def test_next_call_kills_a_crashed_workers_process_tree(harness: Harness) 
     assert fresh.runtime.journal.orphan_processes(h.emulator.base_url, lease_scope.key_hash) == []
     deletes = [r for r in await h.emulator.admin.requests() if r["method"] == "DELETE"]
     assert any(view.process_id in r["path"] for r in deletes)
+
+
+ZOMBIE_WRITER = """
+import sys
+from pathlib import Path
+from provider.driver.journal import LeaseJournal
+from provider.driver.tracker import ScopeKey
+path, process_id, *scope = sys.argv[1:]
+LeaseJournal(Path(path)).add_process(ScopeKey(*scope), process_id)
+print("journaled", flush=True)
+"""
+
+
+async def test_next_call_kills_the_tree_of_a_worker_left_as_a_zombie(harness: Harness) -> None:
+    """The worker that journaled the process has exited but was not reaped: still a zombie."""
+    h = harness
+    lease = await h.acquire()
+    sandbox_id = lease["providerLeaseId"]
+    async with CreateOSClient(h.emulator.base_url, "test-key") as client:
+        view = await client.create_process(sandbox_id, cmd="/bin/bash", args=["-c", "sleep 300"])
+    lease_scope = ScopeKey.build(
+        company_id=h.company_id,
+        environment_id=h.environment_id,
+        api_url=h.emulator.base_url,
+        api_key="test-key",
+        lease_id=sandbox_id,
+    )
+    path = h.methods.runtime.journal.path
+    assert path is not None
+    scope_fields = [
+        lease_scope.company_id,
+        lease_scope.environment_id,
+        lease_scope.api_url,
+        lease_scope.key_hash,
+        lease_scope.lease_id,
+    ]
+    worker = subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE_WRITER, str(path), view.process_id, *scope_fields],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert worker.stdout is not None
+        assert await anyio.to_thread.run_sync(worker.stdout.read) == b"journaled\n"
+        await anyio.to_thread.run_sync(wait_for_state, worker.pid, "Z")
+        fresh = restarted(h)
+        result = await fresh.execute({**h.with_lease(lease), "command": "echo", "args": ["ok"]})
+        assert proc_stat(worker.pid).state == "Z"  # still unreaped during the whole call
+    finally:
+        worker.kill()
+        worker.wait()
+    assert result["stdout"] == "ok\n"
+    assert await h.emulator.admin.live_process_count() == 0
+    assert fresh.runtime.journal.orphan_processes(h.emulator.base_url, lease_scope.key_hash) == []
 
 
 async def test_next_call_deletes_a_sandbox_from_a_crashed_acquire(harness: Harness) -> None:
