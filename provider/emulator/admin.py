@@ -66,12 +66,15 @@ def state_view(core: EmulatorCore) -> dict[str, Any]:
             )
         for process in sandbox.processes.values():
             tree = [m.host_pid for m in members if m.guest_sid == process.pid]
+            # The leader's session, or (in a live sandbox) anything its subreaper still holds:
+            # setsid'd and double-forked descendants leave the session but not the tree.
+            alive = bool(tree) or (sandbox.live and not process.tree_exited)
             processes.append(
                 {
                     "sandbox_id": sandbox.id,
                     "process_id": process.process_id,
                     "state": process.state,
-                    "tree_alive": bool(tree),
+                    "tree_alive": alive,
                     "host_pids": sorted(tree),
                 }
             )
@@ -164,6 +167,8 @@ class Admin:
         if (method, path) == ("GET", "/requests"):
             since = int(req.params.get("since", "0") or 0)
             return ok({"requests": [e for e in core.log if e["seq"] > since]})
+        if (method, path) == ("GET", "/process-history"):
+            return ok({"processes": list(core.process_history)})
         if (method, path) == ("POST", "/faults"):
             core.faults.append(parse_fault(await self._body(req)))
             return ok({"ok": True, "faults": len(core.faults)})

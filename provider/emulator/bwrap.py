@@ -24,7 +24,8 @@ from pathlib import Path
 
 GUEST_UID = 65534
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SUPERVISOR_GUEST_PATH = "/run/createos/supervisor.py"
+SUPERVISOR_GUEST_DIR = "/run/createos"  # the supervisor and its helper modules
+SUPERVISOR_GUEST_PATH = f"{SUPERVISOR_GUEST_DIR}/supervisor.py"
 INSTALL_HINT = (
     "the CreateOS emulator needs bubblewrap (bwrap) with working user and PID namespaces; "
     "install it with `apt-get install bubblewrap`"
@@ -154,7 +155,7 @@ def sandbox_argv(
         argv += ["--bind", str(fs_dir / guest), f"/{guest}"]
     if runtime.python_bind is not None:
         argv += ["--ro-bind", runtime.python_bind[0], runtime.python_bind[1]]
-    argv += ["--ro-bind", str(supervisor), SUPERVISOR_GUEST_PATH]
+    argv += ["--ro-bind", str(supervisor.parent), SUPERVISOR_GUEST_DIR]  # with its helpers
     argv += ["--clearenv", "--setenv", "PATH", GUEST_PATH, "--setenv", "HOME", "/root"]
     argv += ["--setenv", "LANG", "C.UTF-8", "--chdir", "/"]
     argv += [runtime.python, "-I", "-S", SUPERVISOR_GUEST_PATH, str(ctrl_fd)]

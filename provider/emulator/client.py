@@ -54,6 +54,11 @@ class EmulatorAdmin:
         data = await self._call("GET", "/requests", params={"since": since})
         return list(data["requests"])
 
+    async def process_history(self) -> list[dict[str, Any]]:
+        """Every managed process started so far (kept after its sandbox is deleted)."""
+        data = await self._call("GET", "/process-history")
+        return list(data["processes"])
+
     async def add_fault(
         self,
         method: str,

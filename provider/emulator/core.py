@@ -83,6 +83,9 @@ class EmulatorCore:
         self.faults: list[Fault] = []
         self.log: list[dict[str, Any]] = []
         self.log_seq = 0
+        # Every managed process started, kept after its sandbox is gone (benchmarks classify
+        # the commands a client ran): bounded like the request log.
+        self.process_history: list[dict[str, Any]] = []
         self.rate: dict[str, deque[float]] = {}
         self.guests: list[Guest] = []  # every guest we started (leak checks)
         self.tg: anyio.abc.TaskGroup | None = None
@@ -197,6 +200,18 @@ class EmulatorCore:
 
     def register_process(self, sandbox: Sandbox, process: ManagedProcess) -> None:
         self.processes[process.process_id] = (sandbox, process)
+        self.process_history.append(
+            {
+                "sandbox_id": sandbox.id,
+                "process_id": process.process_id,
+                "cmd": process.cmd,
+                "args": list(process.args),
+                "cwd": process.cwd,
+                "time": time.time(),
+            }
+        )
+        if len(self.process_history) > 20_000:
+            del self.process_history[:2_000]
 
     async def shutdown(self) -> None:
         """Kill every guest and remove every state dir (used by reset and on exit)."""
@@ -214,6 +229,7 @@ class EmulatorCore:
         await self.shutdown()
         self.faults.clear()
         self.log.clear()
+        self.process_history.clear()
         self.rate.clear()
         fresh = Settings()
         fresh.update(self._initial_settings)

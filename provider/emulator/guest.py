@@ -58,8 +58,10 @@ class ExitInfo:
 
 @dataclass
 class ChildWatch:
-    """Exit and tree-exit notifications of one spawned leader (guest pid == session id)."""
+    """Exit and tree-exit notifications of one spawned command. ``tree`` is the id the
+    supervisor gave it (its events name it; guest pids may be reused, tree ids never are)."""
 
+    tree: int = 0
     exit: ExitInfo | None = None
     exited: anyio.Event = field(default_factory=anyio.Event)
     tree_gone: anyio.Event = field(default_factory=anyio.Event)
@@ -204,6 +206,22 @@ class Guest:
     # -- requests -----------------------------------------------------------------------
     async def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
         """Send one request and wait for its reply; returns (reply, passed fds)."""
+        reply, fds, _watch = await self._call(op, fields)
+        return reply, fds
+
+    async def spawn(self, **fields: Any) -> tuple[int, list[int], ChildWatch]:
+        """Start a command; returns (leader pid, passed fds, its watch). The watch exists from
+        the reply on, so no event is missed (a quick command's may follow right after)."""
+        reply, fds, watch = await self._call("spawn", fields)
+        if watch is None:
+            for fd in fds:
+                os.close(fd)
+            raise GuestGone("malformed spawn reply")
+        return int(reply["pid"]), fds, watch
+
+    async def _call(
+        self, op: str, fields: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[int], ChildWatch | None]:
         if self._gone or self.sock is None:
             raise GuestGone("sandbox is gone")
         self._next_id += 1
@@ -220,12 +238,12 @@ class Guest:
             self._pending.pop(rid, None)
         if not slot:
             raise GuestGone("sandbox is gone")
-        reply, fds = slot[0], slot[1]
+        reply, fds, watch = slot
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
             raise GuestOpError(str(reply.get("error")), str(reply.get("message")))
-        return reply, fds
+        return reply, fds, watch
 
     async def _send(self, data: bytes) -> None:
         sock = self.sock
@@ -277,19 +295,20 @@ class Guest:
                 for fd in fds:
                     os.close(fd)
                 return
-            if msg.get("ok") and "pid" in msg:
-                self.children[int(msg["pid"])] = ChildWatch()
-            waiter[1].extend([msg, fds])
+            watch = None
+            if msg.get("ok") and "tree" in msg:
+                watch = self.children[int(msg["tree"])] = ChildWatch(tree=int(msg["tree"]))
+            waiter[1].extend([msg, fds, watch])
             waiter[0].set()
         elif event == "ready":
             self._ready.set()
         elif event == "exit":
-            watch = self.children.get(int(msg["pid"]))
+            watch = self.children.get(int(msg["tree"]))
             if watch is not None:
                 watch.exit = ExitInfo(code=msg.get("code"), signal=msg.get("signal"))
                 watch.exited.set()
         elif event == "tree_exit":
-            watch = self.children.get(int(msg["sid"]))
+            watch = self.children.pop(int(msg["tree"]), None)
             if watch is not None:
                 watch.tree_gone.set()
         for fd in fds if event is not None else ():

@@ -1,19 +1,21 @@
 # Raw os calls on guest paths: this file runs standalone, by the host python3, in the guest.
 # Builtin modules only (no contextlib): try/except/pass stands in for suppress().
-# ruff: noqa: PTH103, PTH104, PTH108, PTH112, PTH113, PTH115, PTH118, PTH119, PTH120, PTH208
+# ruff: noqa: PTH100, PTH113, PTH118, PTH120
 # ruff: noqa: SIM105
 """In-guest supervisor: pid 1 of one sandbox's PID namespace, run by the host's python3.
 
-Standard library only; the emulator never imports it, it copies the file into its data dir and
-bubblewrap binds it read-only into the guest. Messages travel over a SOCK_SEQPACKET unix socket
-(fd given as argv[1]): requests from the emulator are ``marshal`` dicts (trusted input), replies
-and events back are JSON (the emulator never unmarshals what the guest could forge). File
-descriptors go to the emulator with SCM_RIGHTS, so process output and file bodies never pass
-through this process. Only builtin modules are imported: this start-up is on the create path.
+Standard library only; the emulator never imports it, it copies this file and its two helpers
+(``guest_files.py``: file operations, ``guest_trees.py``: one subreaper per command) into its
+data dir and bubblewrap binds that folder read-only into the guest. Messages travel over a
+SOCK_SEQPACKET unix socket (fd given as argv[1]): requests from the emulator are ``marshal``
+dicts (trusted input), replies and events back are JSON (the emulator never unmarshals what the
+guest could forge). File descriptors go to the emulator with SCM_RIGHTS, so process output and
+file bodies never pass through this process. Only builtin modules are imported at start: this
+start-up is on the create path.
 
 Requests carry ``{"id": n, "op": ...}`` and get ``{"id": n, "ok": bool, ...}`` replies; events
-(``exit``, ``tree_exit``) carry no id. When the socket closes the supervisor exits, and the
-kernel kills every process of the namespace with it.
+(``exit``, ``tree_exit``, naming the ``tree`` id a spawn answered) carry no id. When the
+socket closes the supervisor exits, and the kernel kills every process of the namespace with it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import errno
 import marshal
 import os
 import select
-import stat
 import sys
 import time
 
@@ -33,10 +34,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-ROOTS = ("/paperclip-workspace", "/tmp", "/root")
+if TYPE_CHECKING or __package__:  # imported by the emulator's tests
+    from . import guest_files as files
+    from .guest_trees import Tree, descendants, freeze_and_kill, scan, send, start_tree, unowned
+else:  # run in the guest as a script: the helpers are bound next to it
+    sys.dont_write_bytecode = True  # the folder is read-only
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import guest_files as files
+    from guest_trees import Tree, descendants, freeze_and_kill, scan, send, start_tree, unowned
+
+OpError = files.OpError
 MAX_MSG = 1 << 20
 TREE_POLL_S = 0.05
-SIGNALS_RESET = (_signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGINT, _signal.SIGTERM)
 SIGNAL_ALIASES = ("SIGCLD", "SIGPOLL", "SIGIOT")
 SIGNAL_NUMBERS = {
     name: getattr(_signal, name)
@@ -82,117 +91,6 @@ def to_json(value: Any) -> str:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
-class OpError(Exception):
-    """A request that cannot be performed; ``code`` is a short machine word."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _stat_fields(pid: int) -> tuple[str, int] | None:
-    """(state, session id) of a guest process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    rest = raw[raw.rfind(b")") + 2 :].split()
-    return rest[0].decode(), int(rest[3])
-
-
-def session_members(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``, the supervisor excluded."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or name == "1":
-            continue
-        fields = _stat_fields(int(name))
-        if fields is not None and fields[1] == sid and fields[0] not in ("Z", "X"):
-            members.append(int(name))
-    return members
-
-
-def _inside_roots(path: str) -> bool:
-    return any(path == r or path.startswith(r + "/") for r in ROOTS)
-
-
-def _fd_path(fd: int) -> str:
-    return os.readlink(f"/proc/self/fd/{fd}")
-
-
-def check_path(path: Any) -> str:
-    """Resolve an API path in the guest view; it must land inside the writable trees."""
-    if not isinstance(path, str) or not path:
-        raise OpError("invalid", "path is required")
-    if "\x00" in path:
-        raise OpError("invalid", "path contains a NUL byte")
-    if not path.startswith("/"):
-        raise OpError("relative", "path must be absolute")
-    real = os.path.realpath(path)
-    if not _inside_roots(real):
-        raise OpError("outside", "path is outside the writable trees")
-    if real in ROOTS:
-        raise OpError("is_dir", "path is a directory")
-    return real
-
-
-def open_for_read(path: Any) -> tuple[int, int]:
-    real = check_path(path)
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
-        raise OpError("not_found", "no such file") from exc
-    except NotADirectoryError as exc:
-        raise OpError("not_found", "no such file") from exc
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OpError("outside", "path changed while opening") from exc
-        raise OpError("denied", os.strerror(exc.errno or errno.EIO)) from exc
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise OpError("is_dir", "path is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise OpError("not_regular", "path is not a regular file")
-        if not _inside_roots(_fd_path(fd)):
-            raise OpError("outside", "path is outside the writable trees")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st.st_size
-
-
-def open_for_write(path: Any) -> tuple[int, str, str]:
-    """Create parents and a temp file next to the target; answer (fd, temp path, target)."""
-    real = check_path(path)
-    if os.path.isdir(real):
-        raise OpError("is_dir", "path is a directory")
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except (NotADirectoryError, FileExistsError) as exc:
-        raise OpError("not_dir", "a parent of the path is not a directory") from exc
-    except OSError as exc:
-        raise OpError("denied", os.strerror(exc.errno or errno.EIO)) from exc
-    real_parent = os.path.realpath(parent)
-    if not _inside_roots(real_parent):
-        raise OpError("outside", "path is outside the writable trees")
-    tmp = os.path.join(real_parent, f".createos-upload-{os.getpid()}-{time.monotonic_ns()}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o644)
-    except OSError as exc:
-        raise OpError("denied", os.strerror(exc.errno or errno.EIO)) from exc
-    if not _inside_roots(os.path.dirname(_fd_path(fd))):
-        os.close(fd)
-        os.unlink(tmp)
-        raise OpError("outside", "path is outside the writable trees")
-    return fd, tmp, os.path.join(real_parent, os.path.basename(real))
-
-
 def set_winsize(fd: int, rows: int, cols: int) -> None:
     import fcntl  # only PTY processes need these
     import struct
@@ -212,16 +110,16 @@ def find_program(cmd: str, env: dict[str, str]) -> str:
 
 
 class Supervisor:
-    """One selector loop: control requests, SIGCHLD reaping, tree watching and kill timers."""
+    """One selector loop: control requests, reaper status pipes, reaping and kill rounds."""
 
     def __init__(self, ctrl: _socket.socket) -> None:
         self.ctrl = ctrl
         self.poller = select.epoll()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.children: set[int] = set()
-        self.watched: set[int] = set()  # sessions whose leader exited while members remained
-        self.timers: list[tuple[float, Callable[[], None]]] = []
-        self.killers: dict[int, list[Any]] = {}  # sid -> [deadline, request ids]
+        self.trees: dict[int, Tree] = {}  # tree id -> tree, until its tree_exit is sent
+        self.by_fd: dict[int, Tree] = {}  # status pipe -> tree, until the pipe ends
+        self.reapers: dict[int, Tree] = {}  # live reaper pid -> its tree
+        self.next_tid = 0
 
     # -- plumbing -------------------------------------------------------------------------
     def send(self, msg: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -245,13 +143,9 @@ class Supervisor:
         self.poller.register(self.wake_r, select.EPOLLIN)
         self.send({"event": "ready", "pid": os.getpid()})
         while True:
-            timeout = None
-            if self.timers:
-                timeout = max(0.0, min(t for t, _ in self.timers) - time.monotonic())
-            if self.watched or self.killers:
-                timeout = TREE_POLL_S if timeout is None else min(timeout, TREE_POLL_S)
+            polling = any(t.detached or t.deadline is not None for t in self.trees.values())
             try:
-                ready = self.poller.poll(-1 if timeout is None else timeout)
+                ready = self.poller.poll(TREE_POLL_S if polling else -1)
             except InterruptedError:
                 ready = []
             for fd, _ in ready:
@@ -262,9 +156,10 @@ class Supervisor:
                     except BlockingIOError:
                         pass
                     self.reap()
+                elif fd in self.by_fd:
+                    self.read_status(self.by_fd[fd])
                 elif not self.read_ctrl():
                     return
-            self.run_timers()
             self.poll_trees()
 
     def read_ctrl(self) -> bool:
@@ -289,15 +184,9 @@ class Supervisor:
             self.fail(rid, "os", os.strerror(exc.errno or errno.EIO))
         return True
 
-    def run_timers(self) -> None:
-        now = time.monotonic()
-        due = [t for t in self.timers if t[0] <= now]
-        self.timers = [t for t in self.timers if t[0] > now]
-        for _, callback in due:
-            callback()
-
-    # -- children and trees ---------------------------------------------------------------
+    # -- trees ----------------------------------------------------------------------------
     def reap(self) -> None:
+        """Reap ended reapers, and leaders whose reaper a guest SIGKILLed (pid 1 adopted them)."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -305,40 +194,77 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid in self.children:
-                self.children.discard(pid)
-                event: dict[str, Any] = {"event": "exit", "pid": pid}
-                if os.WIFSIGNALED(status):
-                    number = os.WTERMSIG(status)
-                    event["signal"] = SIGNAL_NAMES.get(number, f"SIG{number}")
-                else:
-                    event["code"] = os.waitstatus_to_exitcode(status)
-                self.send(event)
-                self.watched.add(pid)
+            for tree in self.trees.values():
+                if tree.status is None and tree.leader == pid:
+                    self.leader_exit(tree, status)
+
+    def read_status(self, tree: Tree) -> None:
+        try:
+            chunk = os.read(tree.fd, 4096)
+        except BlockingIOError:
+            return
+        if chunk:
+            tree.buf += chunk
+            self.feed(tree)
+            return
+        self.poller.unregister(tree.fd)
+        os.close(tree.fd)
+        del self.by_fd[tree.fd]
+        if not tree.finished:  # the reaper was killed: its orphans now belong to pid 1
+            tree.detached = True
+            self.reapers.pop(tree.reaper, None)
+
+    def feed(self, tree: Tree) -> None:
+        for line in tree.lines():
+            if line.startswith(b"X") and tree.status is None:
+                self.leader_exit(tree, int(line[1:]))
+            elif line == b"D":
+                self.finish(tree)
+
+    def leader_exit(self, tree: Tree, status: int) -> None:
+        tree.status = status
+        event: dict[str, Any] = {"event": "exit", "tree": tree.tid}
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            event["signal"] = SIGNAL_NAMES.get(number, f"SIG{number}")
+        else:
+            event["code"] = os.waitstatus_to_exitcode(status)
+        self.send(event)
+
+    def finish(self, tree: Tree) -> None:
+        """The tree is empty: report it (after the leader's exit) and answer the kills."""
+        if tree.finished:
+            return
+        tree.finished = True
+        if tree.status is None:  # a killed reaper took the leader's status with it
+            self.leader_exit(tree, _signal.SIGKILL)
+        self.send({"event": "tree_exit", "tree": tree.tid})
+        for rid in tree.waiters:
+            self.reply(rid)
+        del self.trees[tree.tid]
+        self.reapers.pop(tree.reaper, None)
+
+    def members(self, tree: Tree) -> list[int]:
+        """Live processes of the tree: below its reaper, or unowned once it is detached."""
+        if tree.detached:
+            return unowned(scan(), set(self.reapers))
+        return descendants(tree.reaper, scan())
 
     def poll_trees(self) -> None:
-        for sid in list(self.watched):
-            if sid in self.children:
-                continue
-            if not session_members(sid):
-                self.watched.discard(sid)
-                self.send({"event": "tree_exit", "sid": sid})
-        for sid, entry in list(self.killers.items()):
-            members = session_members(sid)
-            if not members and sid not in self.children:
-                del self.killers[sid]
-                for rid in entry[1]:
-                    self.reply(rid)
-            elif time.monotonic() >= entry[0]:
-                for pid in members:
-                    self._kill(pid, _signal.SIGKILL)
+        now = time.monotonic()
+        for tree in list(self.trees.values()):
+            if tree.detached and not self.members(tree) and not self.members(tree):
+                self.finish(tree)  # empty twice in a row: /proc is not read atomically
+            elif tree.deadline is not None and now >= tree.deadline:
+                if not tree.detached:
+                    send(tree.reaper, _signal.SIGCONT)  # a guest may have stopped it
+                freeze_and_kill(self._members_of(tree))
 
-    @staticmethod
-    def _kill(pid: int, sig: int) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    def _members_of(self, tree: Tree) -> Callable[[], list[int]]:
+        def members() -> list[int]:
+            return self.members(tree)
+
+        return members
 
     # -- operations -----------------------------------------------------------------------
     def op_unknown(self, rid: Any, msg: dict[str, Any]) -> None:
@@ -348,98 +274,74 @@ class Supervisor:
         self.reply(rid)
 
     def op_spawn(self, rid: Any, msg: dict[str, Any]) -> None:
-        """Start a command in a new session: pipes (fds stdin, stdout, stderr) or, with
-        ``pty``, a pseudo-terminal that becomes its controlling tty (fd: the master)."""
+        """Start a command under its own reaper, in a new session: pipes (fds stdin, stdout,
+        stderr) or, with ``pty``, a pseudo-terminal that becomes its controlling tty (fd: the
+        master). Answers the leader's ``pid`` and the ``tree`` id its events name."""
         env = {str(k): str(v) for k, v in msg["env"].items()}
         cmd = str(msg["cmd"])
         argv = [cmd, *[str(a) for a in msg.get("args", [])]]
         program = find_program(cmd, env)
         cwd = str(msg.get("cwd") or "/root")
         pty = msg.get("pty")
-        child_ends: list[int] = []
-        parent_ends: list[int] = []
-        actions: list[tuple[Any, ...]]
+        stdio: list[int] | str
         if pty:
             master, slave = os.openpty()
             os.set_inheritable(master, False)
-            set_winsize(master, int(pty.get("rows", 24)), int(pty.get("cols", 80)))
-            child_ends, parent_ends = [slave], [master]
-            # Opened after setsid (glibc runs setsid before file actions): it becomes the
-            # session's controlling terminal.
-            actions = [
-                (os.POSIX_SPAWN_OPEN, 0, os.ttyname(slave), os.O_RDWR, 0),
-                (os.POSIX_SPAWN_DUP2, 0, 1),
-                (os.POSIX_SPAWN_DUP2, 0, 2),
-            ]
             os.set_inheritable(slave, False)
+            set_winsize(master, int(pty.get("rows", 24)), int(pty.get("cols", 80)))
+            child_ends, parent_ends, stdio = [slave], [master], os.ttyname(slave)
         else:
             pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
             child_ends = [pipes[0][0], pipes[1][1], pipes[2][1]]
             parent_ends = [pipes[0][1], pipes[1][0], pipes[2][0]]
-            actions = [
-                (os.POSIX_SPAWN_DUP2, child_ends[0], 0),
-                (os.POSIX_SPAWN_DUP2, child_ends[1], 1),
-                (os.POSIX_SPAWN_DUP2, child_ends[2], 2),
-            ]
+            stdio = child_ends
         try:
-            try:
-                os.chdir(cwd)
-            except OSError as exc:
-                raise OpError("cwd", f"cannot use {cwd} as working directory") from exc
-            try:
-                pid = os.posix_spawn(
-                    program,
-                    argv,
-                    env,
-                    file_actions=actions,
-                    setsid=True,
-                    setsigdef=SIGNALS_RESET,
-                    setsigmask=(),
-                )
-            except OSError as exc:
-                raise OpError("spawn", f"{cmd}: {os.strerror(exc.errno or errno.EIO)}") from exc
-            finally:
-                os.chdir("/")
+            tree = start_tree(self.next_tid + 1, program, argv, env, cwd, stdio)
         except BaseException:
             for fd in child_ends + parent_ends:
                 os.close(fd)
             raise
         for fd in child_ends:
             os.close(fd)
-        self.children.add(pid)
+        self.next_tid = tree.tid
+        self.trees[tree.tid] = self.reapers[tree.reaper] = self.by_fd[tree.fd] = tree
+        os.set_blocking(tree.fd, False)
+        self.poller.register(tree.fd, select.EPOLLIN)
         try:
-            self.reply(rid, parent_ends, pid=pid)
+            self.reply(rid, parent_ends, pid=tree.leader, tree=tree.tid)
         finally:
             for fd in parent_ends:
                 os.close(fd)
+        self.feed(tree)  # a quick command's exit may have come with its pid
 
     def op_signal(self, rid: Any, msg: dict[str, Any]) -> None:
+        """Signal the leader's process group; with ``tree``, every member of that tree too."""
         sig = SIGNAL_NUMBERS[str(msg["signal"])]
-        sid = int(msg["sid"])
         sent = 0
         try:
-            os.killpg(sid, sig)
+            os.killpg(int(msg["pgid"]), sig)
             sent += 1
         except ProcessLookupError:
             pass
-        if msg.get("tree"):
-            for pid in session_members(sid):
-                self._kill(pid, sig)
+        tree = self.trees.get(int(msg.get("tree") or 0))
+        if tree is not None:
+            for pid in self.members(tree):
+                send(pid, sig)
                 sent += 1
         self.reply(rid, delivered=sent > 0)
 
     def op_kill_tree(self, rid: Any, msg: dict[str, Any]) -> None:
-        sid = int(msg["sid"])
-        grace = max(0, int(msg.get("grace_ms", 1000))) / 1000.0
-        for pid in session_members(sid):
-            self._kill(pid, _signal.SIGTERM)
-        entry = self.killers.setdefault(sid, [time.monotonic() + grace, []])
-        entry[0] = min(entry[0], time.monotonic() + grace)
-        entry[1].append(rid)
-        self.poll_trees()
-
-    def op_tree(self, rid: Any, msg: dict[str, Any]) -> None:
-        self.reply(rid, pids=session_members(int(msg["sid"])))
+        """SIGTERM every member; from ``grace_ms`` on, freeze and SIGKILL them each poll until
+        the tree is empty, then answer. A tree already gone answers at once."""
+        tree = self.trees.get(int(msg["tree"]))
+        if tree is None:
+            self.reply(rid)
+            return
+        for pid in self.members(tree):
+            send(pid, _signal.SIGTERM)
+        deadline = time.monotonic() + max(0, int(msg.get("grace_ms", 1000))) / 1000.0
+        tree.deadline = deadline if tree.deadline is None else min(tree.deadline, deadline)
+        tree.waiters.append(rid)
 
     def op_freeze(self, rid: Any, msg: dict[str, Any]) -> None:
         sig = _signal.SIGSTOP if msg.get("stop", True) else _signal.SIGCONT
@@ -450,45 +352,26 @@ class Supervisor:
         self.reply(rid)
 
     def op_open_read(self, rid: Any, msg: dict[str, Any]) -> None:
-        fd, size = open_for_read(msg.get("path"))
+        fd, size = files.open_for_read(msg.get("path"))
         try:
             self.reply(rid, [fd], size=size)
         finally:
             os.close(fd)
 
     def op_open_write(self, rid: Any, msg: dict[str, Any]) -> None:
-        fd, tmp, target = open_for_write(msg.get("path"))
+        fd, tmp, target = files.open_for_write(msg.get("path"))
         try:
             self.reply(rid, [fd], tmp=tmp, target=target)
         finally:
             os.close(fd)
 
     def op_commit(self, rid: Any, msg: dict[str, Any]) -> None:
-        tmp, target = str(msg["tmp"]), str(msg["target"])
-        if not (_inside_roots(tmp) and _inside_roots(target)):
-            raise OpError("outside", "path is outside the writable trees")
-        try:
-            os.rename(tmp, target)
-        except IsADirectoryError as exc:
-            self._unlink(tmp)
-            raise OpError("is_dir", "path is a directory") from exc
-        except OSError:
-            self._unlink(tmp)
-            raise
+        files.commit(str(msg["tmp"]), str(msg["target"]))
         self.reply(rid)
 
     def op_abort(self, rid: Any, msg: dict[str, Any]) -> None:
-        tmp = str(msg["tmp"])
-        if _inside_roots(tmp) and os.path.basename(tmp).startswith(".createos-upload-"):
-            self._unlink(tmp)
+        files.abort(str(msg["tmp"]))
         self.reply(rid)
-
-    @staticmethod
-    def _unlink(path: str) -> None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def main() -> None:

@@ -287,12 +287,13 @@ class ManagedProcess:
         return on_chunk
 
     async def kill_tree(self, guest: Guest, grace_ms: int) -> None:
-        """SIGTERM the session, SIGKILL after ``grace_ms``, return once nothing is left."""
+        """SIGTERM every descendant (whatever its session or group), freeze and SIGKILL them
+        after ``grace_ms``, return once nothing of the tree is left."""
         if not self.tree_exited and self.state != "exited":
             self.state = "terminating"
         if not self.tree_exited:
             with contextlib.suppress(GuestGone):
-                await guest.request("kill_tree", sid=self.pid, grace_ms=grace_ms)
+                await guest.request("kill_tree", tree=self.watch.tree, grace_ms=grace_ms)
             await self.watch.tree_gone.wait()
         await self.finished.wait()
 

@@ -174,7 +174,7 @@ async def send_signal(ctx: Ctx) -> Response:
             delivered = True
     elif not process.tree_exited:
         with contextlib.suppress(GuestGone):
-            reply, _fds = await sandbox.request("signal", sid=process.pid, signal=name)
+            reply, _fds = await sandbox.request("signal", pgid=process.pid, signal=name)
             delivered = bool(reply.get("delivered"))
     sandbox.touch()
     return ok({"ok": True, "delivered": delivered})

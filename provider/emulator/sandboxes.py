@@ -355,9 +355,7 @@ class Sandbox:
         fields: dict[str, Any] = {"cmd": cmd, "args": args, "env": self.base_env(env), "cwd": cwd}
         if pty is not None:
             fields["pty"] = pty
-        reply, fds = await guest.request("spawn", **fields)
-        pid = int(reply["pid"])
-        return pid, fds, guest.children[pid]
+        return await guest.spawn(**fields)
 
     async def start_process(
         self,

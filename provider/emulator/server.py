@@ -26,6 +26,8 @@ from .images import ImageCatalog
 from .router import Router, internal_error
 
 SUPERVISOR_SOURCE = Path(__file__).with_name("guest_supervisor.py")
+# The supervisor's helper modules, copied next to it under their own names.
+GUEST_HELPERS = ("guest_files.py", "guest_trees.py")
 TEMP_PREFIX = "createos-emulator-"
 OWNER_FILE = "owner"
 
@@ -159,9 +161,12 @@ class Emulator:
         guest = data_dir / "guest"
         guest.mkdir(exist_ok=True)
         guest.chmod(0o755)
-        target = guest / "supervisor.py"
-        shutil.copyfile(SUPERVISOR_SOURCE, target)
-        target.chmod(0o644)
+        for source, name in [(SUPERVISOR_SOURCE, "supervisor.py")] + [
+            (SUPERVISOR_SOURCE.with_name(helper), helper) for helper in GUEST_HELPERS
+        ]:
+            target = guest / name
+            shutil.copyfile(source, target)
+            target.chmod(0o644)
         sandboxes = data_dir / "sandboxes"
         sandboxes.mkdir(exist_ok=True)
         sandboxes.chmod(0o711)

@@ -204,3 +204,20 @@ async def test_admin_needs_the_token(emulator: Emulator) -> None:
         )
         assert good.status_code == 200
     assert await emulator.admin.requests() == []
+
+
+async def test_process_history_outlives_the_sandbox(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        first = (await start_process(client, sandbox_id, "echo one"))["process_id"]
+        second = (await start_process(client, sandbox_id, "echo two", cwd="/tmp"))["process_id"]
+        assert (await client.delete(f"/v1/sandboxes/{sandbox_id}")).status_code == 200
+    history = await emulator.admin.process_history()
+    assert [(p["process_id"], p["args"], p["cwd"]) for p in history] == [
+        (first, ["-c", "echo one"], "/root"),
+        (second, ["-c", "echo two"], "/tmp"),
+    ]
+    assert {p["cmd"] for p in history} == {"/bin/bash"}
+    assert {p["sandbox_id"] for p in history} == {sandbox_id}
+    await emulator.admin.reset()
+    assert await emulator.admin.process_history() == []
