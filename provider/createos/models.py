@@ -54,6 +54,10 @@ class SandboxView(msgspec.Struct, frozen=True):
     shape: str | None = None
     rootfs: str | None = None
     region: str | None = None
+    # Timestamps (ISO 8601 text) are read by the reaper only; typed loosely so that an odd
+    # value never fails a whole listing (the create-recovery lookup reads the same views).
+    created_at: Any = None
+    paused_at: Any = None
 
 
 class ExecResult(msgspec.Struct, frozen=True):

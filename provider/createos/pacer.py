@@ -1,26 +1,54 @@
-"""Spacing of request starts per API origin, in this process and across processes on this host.
+"""A token bucket for request starts per API origin, shared by every worker process on the host.
 
-CreateOS allows 300 requests per minute per caller IP, so every request start (control calls,
-retries, stream opens) first awaits :meth:`RequestPacer.wait_turn`, which keeps starts to one
-origin at least ``interval`` seconds apart (default 300 ms, at most 200 per minute).
+CreateOS allows 300 requests per minute per caller IP. Every request start (control calls,
+retries, cleanup, stream opens) first awaits :meth:`RequestPacer.wait_turn`, which takes one
+token from the bucket of the request's normalized origin (provider-behavior.md section 4):
 
-How a turn works:
+* **capacity 10 tokens, refill one token per** ``interval`` (default 250 ms, 4 per second),
+  starting full. A burst of up to 10 starts goes out without waiting; an open stream holds no
+  token.
+* **Bound:** in any window of T seconds at most ``10 + T / interval`` starts reach one origin
+  (10 + 4·T: at most 250 in any minute, leaving 50 of the 300 to other clients on the IP).
+* A **429** (:meth:`RequestPacer.penalize`) empties the bucket for every worker and holds every
+  start until ``Retry-After`` (at most :data:`MAX_HOLD`) has passed; the bucket refills from then.
 
-1. **Reserve** a slot ``max(now, last reserved + interval, last start + interval)``. Slots are
-   handed out in call order, so waiters are served FIFO. A waiter cancelled later keeps its slot
-   ("its turn still counts"), so the waiters behind it keep their spacing.
-2. **Sleep** until the slot (cancellable: a cancelled waiter leaves at once).
-3. **Claim** the start: if ``now >= last start + interval`` record ``now`` as the last start and
-   return; otherwise sleep until then and claim again. Spacing is therefore measured between
-   actual starts, even when a waiter wakes late.
+**State.** One number per origin, ``full_at``: the time at which the bucket will be full again,
+so ``tokens(now) = min(10, 10 - (full_at - now) / interval)``. A start at ``now`` is allowed when
+``now >= full_at - 9 * interval`` (at least one token) and sets
+``full_at = max(full_at, now) + interval``. A 429 sets
+``full_at = max(full_at, now + hold + 10 * interval)``: empty at the end of the hold, so the
+first start comes one interval after it.
 
-With a ``shared_dir`` both values live in a small file per origin (named by the sha256 of the
-origin) that every worker process on the host updates under an ``fcntl.flock``. The lock is
-only ever taken non-blocking (``LOCK_NB``) for a read-modify-write of a few bytes; a busy lock
-is retried after a 1 ms sleep, so the event loop never blocks. Times are ``time.monotonic()``
-(CLOCK_MONOTONIC, system-wide on Linux), tagged with the kernel boot id so a record from
-before a reboot is ignored. If the file cannot be used the pacer falls back to in-process
-spacing and logs one warning.
+**Why the bound holds.** Number the starts in the order they were granted (each grant is a
+read-modify-write of ``full_at`` under one lock, reading the clock inside it, so grant times
+``t1 <= t2 <= ...`` follow that order). Every grant raises ``full_at`` by at least ``interval``
+and nothing lowers it (a 429 only raises it), so after grant k, ``full_at >= t1 + k * interval``.
+Grant n needed ``tn >= full_at - 9 * interval >= t1 + (n - 1) * interval - 9 * interval``, hence
+``n <= 10 + (tn - t1) / interval``: a window of T seconds holds at most ``10 + T / interval``.
+Only a record from another boot or a corrupt one is dropped (the process's floor still holds).
+
+**Sharing.** With a ``shared_dir`` the value lives in a small file per origin (named by the
+sha256 of the origin) that every worker process of this user on the host updates under an
+``fcntl.flock``. The lock is only ever taken non-blocking (``LOCK_NB``) for a read-modify-write
+of a few bytes; a busy lock is retried after a 1 ms sleep, so the event loop never blocks. Times
+are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux), tagged with the kernel boot id
+so a record from before a reboot is ignored, as is a record too far ahead to come from this
+design. Each process keeps the last value it saw as a floor, so a removed or reset file never
+lets it go faster than it would alone. If the file cannot be used the pacer falls back to an
+in-process bucket (carrying its state over) and logs one warning.
+
+**Waiting.** Waiters of one process are served FIFO: only the first in line polls the bucket,
+sleeping until the time a token will be there; the others wait for their turn in line. A waiter
+that is already cancelled leaves at once with its cancellation (taking no token); one cancelled
+while queued leaves at once too, even behind a sleeping first waiter; a first waiter that leaves
+by cancellation or any error hands the line to the next. A waiter only ever takes a token at the
+moment it starts, so tokens a cancelled waiter did not take stay in the bucket. Across
+processes the first waiters of each process compete for tokens (best effort, not FIFO); the
+bound holds regardless.
+
+``PAPERCLIP_CREATEOS_PACE_MS`` sets the refill interval of :func:`pacer_for` pacers (default
+250; 0 disables pacing); the capacity stays 10. Unit tests may inject the clock (it must agree
+with anyio's sleep, e.g. ``anyio.current_time`` under a virtual-time event loop).
 """
 
 from __future__ import annotations
@@ -45,30 +73,39 @@ import anyio
 import anyio.lowlevel
 
 __all__ = [
+    "CAPACITY",
     "DEFAULT_INTERVAL",
     "ENV_INTERVAL_MS",
     "ENV_RUNTIME_DIR",
+    "MAX_HOLD",
     "RequestPacer",
     "default_runtime_dir",
     "normalize_origin",
     "pacer_for",
 ]
 
-DEFAULT_INTERVAL: Final = 0.3
+CAPACITY: Final = 10
+"""Tokens in a full bucket: the largest burst of starts that goes out without waiting."""
+DEFAULT_INTERVAL: Final = 0.25
+"""Seconds per refilled token (4 per second)."""
+MAX_HOLD: Final = 60.0
+"""The longest ``Retry-After`` the bucket honours (the client does not wait for longer ones)."""
 ENV_INTERVAL_MS: Final = "PAPERCLIP_CREATEOS_PACE_MS"
-"""Overrides the interval of :func:`pacer_for` pacers, in milliseconds (tests, demos)."""
+"""Overrides the refill interval of :func:`pacer_for` pacers, in milliseconds (tests, demos)."""
 ENV_RUNTIME_DIR: Final = "PAPERCLIP_CREATEOS_RUNTIME_DIR"
 """Overrides the runtime folder that holds the shared per-origin pacing files."""
 
 _LOCK_RETRY: Final = 0.001
-_MAX_AHEAD: Final = 3600.0  # a stored time this far in the future is stale, not a queue
+_MIN_PAUSE: Final = 0.0001  # a wake-up a hair early must not spin
 _RECORD_SIZE: Final = 128
+_RECORD_TAG: Final = "tb1"  # token bucket, record version 1
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-Step = Callable[[float, float], tuple[float, float, R]]
-"""A read-modify-write of (last reserved slot, last start) -> (new values, result)."""
+Step = Callable[[float, float], tuple[float, R]]
+"""A read-modify-write of the bucket: (full_at, now) -> (new full_at, result)."""
+Clock = Callable[[], float]
 
 
 def normalize_origin(origin: str) -> str:
@@ -110,27 +147,29 @@ def _boot_id() -> str:
 
 
 class _LocalBook:
-    """The two pacing times of one origin, in this process only."""
+    """The bucket of one origin, in this process only."""
 
-    def __init__(self) -> None:
-        self.reserved = -math.inf
-        self.last_start = -math.inf
+    def __init__(self, clock: Clock) -> None:
+        self.full_at = -math.inf
+        self._clock = clock
 
-    def transact(self, step: Step[R]) -> tuple[bool, R | None]:
-        self.reserved, self.last_start, result = step(self.reserved, self.last_start)
-        return True, result
+    def transact(self, step: Step[R]) -> R | None:
+        """Apply ``step``; None when the shared lock is busy (never for this class)."""
+        self.full_at, result = step(self.full_at, self._clock())
+        return result
 
 
 class _FileBook(_LocalBook):
-    """The pacing times in a per-origin file shared by every process of this user.
+    """The bucket in a per-origin file shared by every process of this user.
 
-    The in-process values are kept as a floor, so a file that gets reset or removed can never
-    make this process pace faster than it would alone.
+    The in-process value is kept as a floor, so a file that gets reset or removed can never
+    make this process start requests faster than it would alone.
     """
 
-    def __init__(self, path: Path) -> None:
-        super().__init__()
+    def __init__(self, path: Path, clock: Clock, horizon: float) -> None:
+        super().__init__(clock)
         self.path = path
+        self._horizon = horizon  # a stored time further ahead than this is stale, not a queue
         self._fd: int | None = None
         self._boot = _boot_id()
 
@@ -150,32 +189,37 @@ class _FileBook(_LocalBook):
             self._fd = fd
         return self._fd
 
-    def _read(self, fd: int, now: float) -> tuple[float, float]:
+    def _read(self, fd: int, now: float) -> float:
         fields = os.pread(fd, _RECORD_SIZE, 0).split()
-        if len(fields) != 3 or fields[0].decode("ascii", "replace") != self._boot:
-            return -math.inf, -math.inf
+        if (
+            len(fields) != 3
+            or fields[0] != _RECORD_TAG.encode()
+            or fields[1].decode("ascii", "replace") != self._boot
+        ):
+            return -math.inf
         try:
-            reserved, last_start = float(fields[1]), float(fields[2])
+            full_at = float(fields[2])
         except ValueError:
-            return -math.inf, -math.inf
-        if not (reserved <= now + _MAX_AHEAD and last_start <= now + _MAX_AHEAD):
-            return -math.inf, -math.inf  # NaN or a value that cannot come from this boot
-        return reserved, last_start
+            return -math.inf
+        if not full_at <= now + self._horizon:
+            return -math.inf  # NaN or a value that cannot come from this boot
+        return full_at
 
-    def transact(self, step: Step[R]) -> tuple[bool, R | None]:
+    def transact(self, step: Step[R]) -> R | None:
         fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False, None
+            return None
         try:
-            reserved, last_start = self._read(fd, time.monotonic())
-            reserved = max(reserved, self.reserved)
-            last_start = max(last_start, self.last_start)
-            self.reserved, self.last_start, result = step(reserved, last_start)
-            record = f"{self._boot} {self.reserved!r} {self.last_start!r}\n".encode()
-            os.pwrite(fd, record.ljust(_RECORD_SIZE), 0)
-            return True, result
+            now = self._clock()  # read under the lock: grant times follow the lock order
+            stored = self._read(fd, now)
+            full_at, result = step(max(stored, self.full_at), now)
+            if full_at != stored:
+                record = f"{_RECORD_TAG} {self._boot} {full_at!r}\n".encode()
+                os.pwrite(fd, record.ljust(_RECORD_SIZE), 0)
+            self.full_at = full_at
+            return result
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -186,12 +230,16 @@ class _FileBook(_LocalBook):
 
 
 class RequestPacer:
-    """Spacing of request starts for one API origin (see the module docstring).
+    """The token bucket of one API origin (see the module docstring).
 
-    ``interval <= 0`` disables pacing. ``shared_dir=...`` (the default) shares the spacing
-    with other processes through :func:`default_runtime_dir`; ``None`` keeps it in-process;
-    a path uses that folder (created with mode 0700 when missing).
+    ``interval`` is the refill interval in seconds (``<= 0`` disables pacing).
+    ``shared_dir=...`` (the default) shares the bucket with other processes through
+    :func:`default_runtime_dir`; ``None`` keeps it in-process; a path uses that folder (created
+    with mode 0700 when missing). ``clock`` is for unit tests; ``on_start`` is called with the
+    clock time of every granted start (tests and benches).
     """
+
+    capacity: Final = CAPACITY
 
     def __init__(
         self,
@@ -199,10 +247,14 @@ class RequestPacer:
         *,
         interval: float = DEFAULT_INTERVAL,
         shared_dir: Path | EllipsisType | None = ...,
+        clock: Clock = time.monotonic,
+        on_start: Callable[[float], object] | None = None,
     ) -> None:
         self.origin = normalize_origin(origin)
         self.interval = interval
-        self._book: _LocalBook = _LocalBook()
+        self._clock = clock
+        self._on_start = on_start
+        self._book: _LocalBook = _LocalBook(clock)
         if interval > 0 and shared_dir is not None:
             try:
                 folder = default_runtime_dir() if shared_dir is ... else Path(shared_dir)
@@ -210,41 +262,79 @@ class RequestPacer:
                 log.warning("CreateOS request pacing is per process: no runtime folder")
             else:
                 digest = hashlib.sha256(self.origin.encode()).hexdigest()
-                self._book = _FileBook(folder / f"{digest}.pace")
-        self._reserving: deque[object] = deque()
+                horizon = MAX_HOLD + CAPACITY * interval + 1.0
+                self._book = _FileBook(folder / f"{digest}.pace", clock, horizon)
+        self._line: deque[anyio.Event] = deque()
 
     @property
     def shared_path(self) -> Path | None:
-        """The shared pacing file, or None when spacing is in-process only."""
+        """The shared bucket file, or None when the bucket is in-process only."""
         return self._book.path if isinstance(self._book, _FileBook) else None
 
     async def wait_turn(self) -> None:
-        """Return once this request may start. Cancellation leaves at once (and raises)."""
+        """Return once this request may start (one token taken). Cancellation leaves at once
+        (and raises), taking no token."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         if self.interval <= 0:
             return
-        slot = await self._transact(self._reserve_step, fifo=True)
+        if not self._line and self._try_start() is None:
+            return  # nobody in line and a token in the bucket: no wait
+        turn = anyio.Event()
+        self._line.append(turn)
+        try:
+            if self._line[0] is not turn:
+                await turn.wait()  # set by the waiter ahead when it leaves the line
+            while (retry_at := self._try_start()) is not None:
+                delay = retry_at - self._clock()
+                if delay > 0:
+                    await anyio.sleep(max(delay, _MIN_PAUSE))
+                else:
+                    await anyio.lowlevel.checkpoint()
+        finally:
+            first = self._line[0] is turn
+            self._line.remove(turn)
+            if first and self._line:
+                self._line[0].set()
+
+    async def penalize(self, retry_after: float | None = None) -> None:
+        """The API answered 429: empty the bucket of every worker and hold every start until
+        ``retry_after`` seconds (capped at :data:`MAX_HOLD`) have passed."""
+        if self.interval <= 0:
+            return
+        hold = retry_after if retry_after is not None and retry_after > 0 else 0.0  # NaN: 0
+        hold = min(hold, MAX_HOLD)
+        empty_for = hold + CAPACITY * self.interval
+
+        def step(full_at: float, now: float) -> tuple[float, bool]:
+            return max(full_at, now + empty_for), True
+
+        # This process holds at once, even if publishing is cancelled below.
+        self._book.full_at = max(self._book.full_at, self._clock() + empty_for)
         while True:
-            delay = slot - time.monotonic()
-            if delay > 0:
-                await anyio.sleep(delay)
-            retry_at = await self._transact(self._claim_step, fifo=False)
-            if retry_at is None:
+            if self._try(step) is not None:
                 return
-            slot = retry_at
+            await anyio.sleep(_LOCK_RETRY)  # the shared lock is busy
 
-    def _reserve_step(self, reserved: float, last_start: float) -> tuple[float, float, float]:
-        slot = max(time.monotonic(), reserved + self.interval, last_start + self.interval)
-        return slot, last_start, slot
-
-    def _claim_step(self, reserved: float, last_start: float) -> tuple[float, float, float | None]:
-        now = time.monotonic()
-        allowed = last_start + self.interval
+    def _take(self, full_at: float, now: float) -> tuple[float, tuple[bool, float]]:
+        """(granted, when): a token taken at ``now``, or none before ``allowed``."""
+        allowed = full_at - (CAPACITY - 1) * self.interval
         if now >= allowed:
-            return max(reserved, now), now, None
-        return reserved, last_start, allowed
+            return max(full_at, now) + self.interval, (True, now)
+        return full_at, (False, allowed)
 
-    def _try(self, step: Step[R]) -> tuple[bool, R | None]:
+    def _try_start(self) -> float | None:
+        """Take a token now (None, after ``on_start``) or say when to try again."""
+        outcome = self._try(self._take)
+        if outcome is None:  # the shared lock is busy: another process is mid-update
+            return self._clock() + _LOCK_RETRY
+        granted, when = outcome
+        if not granted:
+            return when
+        if self._on_start is not None:
+            self._on_start(when)
+        return None
+
+    def _try(self, step: Step[R]) -> R | None:
         try:
             return self._book.transact(step)
         except OSError as exc:
@@ -255,33 +345,11 @@ class RequestPacer:
                 type(exc).__name__,
                 self._book.path.parent,
             )
-            fallback = _LocalBook()
-            fallback.reserved, fallback.last_start = self._book.reserved, self._book.last_start
+            fallback = _LocalBook(self._clock)
+            fallback.full_at = self._book.full_at
             self._book.close()
             self._book = fallback
             return self._book.transact(step)
-
-    async def _transact(self, step: Step[R], *, fifo: bool) -> R:
-        if not (fifo and self._reserving):
-            done, result = self._try(step)
-            if done:
-                return result  # type: ignore[return-value]
-        # The shared lock is busy (another process is mid-update) or earlier waiters of this
-        # process are already retrying: queue up behind them and poll.
-        ticket = object()
-        if fifo:
-            self._reserving.append(ticket)
-        try:
-            while True:
-                await anyio.sleep(_LOCK_RETRY)
-                if fifo and self._reserving[0] is not ticket:
-                    continue
-                done, result = self._try(step)
-                if done:
-                    return result  # type: ignore[return-value]
-        finally:
-            if fifo:
-                self._reserving.remove(ticket)
 
 
 _registry: dict[str, RequestPacer] = {}
@@ -300,7 +368,8 @@ def _env_interval() -> float:
 
 
 def pacer_for(origin: str) -> RequestPacer:
-    """The process-wide pacer of ``origin`` (300 ms, shared across processes by default)."""
+    """The process-wide pacer of ``origin`` (capacity 10, one token per 250 ms unless
+    ``PAPERCLIP_CREATEOS_PACE_MS`` says otherwise; shared across processes by default)."""
     key = normalize_origin(origin)
     with _registry_lock:
         pacer = _registry.get(key)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from pytest_httpserver import HTTPServer
 
-from provider.createos import client as client_module
+from provider.createos import core as core_module
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
 
@@ -34,7 +34,7 @@ def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     async def record(seconds: float) -> None:
         seen.append(seconds)
 
-    monkeypatch.setattr(client_module, "_sleep", record)
+    monkeypatch.setattr(core_module, "_sleep", record)
     return seen
 
 

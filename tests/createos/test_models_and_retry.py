@@ -51,6 +51,15 @@ def test_the_ten_sandbox_states() -> None:
     assert "stopped" not in SANDBOX_STATES
 
 
+def test_sandbox_view_keeps_the_timestamps_the_reaper_orders_by() -> None:
+    data = {"id": "sb_1", "status": "paused", "created_at": "2026-09-20T10:00:00Z"}
+    view = sandbox_view({**data, "paused_at": "2026-09-20T11:00:00.123Z"}, "op")
+    assert (view.created_at, view.paused_at) == ("2026-09-20T10:00:00Z", "2026-09-20T11:00:00.123Z")
+    assert sandbox_view({"id": "sb_1", "status": "paused"}, "op").paused_at is None
+    odd = sandbox_view({**data, "paused_at": 1758369600}, "op")  # never fails a whole listing
+    assert odd.paused_at == 1758369600
+
+
 def test_sandbox_view_ignores_unknown_fields_and_refuses_bad_ids() -> None:
     view = sandbox_view({"id": "sb_1", "status": "running", "vcpu": 1, "envs": ["A"]}, "op")
     assert (view.id, view.status, view.region) == ("sb_1", "running", None)

@@ -1,19 +1,19 @@
-"""Responses are read 256 KiB at a time (the CreateOS client raises httpcore's 64 KiB default)."""
+"""Responses are read 256 KiB at a time (the client core raises httpcore's 64 KiB default)."""
 
 from __future__ import annotations
 
 import httpcore
 import pytest
 
-from provider.createos import client
+from provider.createos import core
 
 
 def test_http11_reads_are_widened_to_256_kib() -> None:
-    assert client.HTTP11_READ_BYTES == 256 * 1024
-    assert httpcore.AsyncHTTP11Connection.READ_NUM_BYTES == client.HTTP11_READ_BYTES
+    assert core.HTTP11_READ_BYTES == 256 * 1024
+    assert httpcore.AsyncHTTP11Connection.READ_NUM_BYTES == core.HTTP11_READ_BYTES
 
 
 def test_widening_leaves_an_unexpected_default_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(httpcore.AsyncHTTP11Connection, "READ_NUM_BYTES", 128 * 1024)
-    client._widen_http11_reads()
+    core._widen_http11_reads()
     assert httpcore.AsyncHTTP11Connection.READ_NUM_BYTES == 128 * 1024

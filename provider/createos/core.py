@@ -1,0 +1,334 @@
+"""The request core of the CreateOS client: transport, pacing, retries and error mapping.
+
+The one place where httpx exceptions become :mod:`provider.createos.errors` (in
+:meth:`ClientCore._call`, :meth:`ClientCore._stream` and the streamed body they hand out); the
+resource modules (:mod:`~provider.createos.sandboxes`, :mod:`~provider.createos.processes`,
+:mod:`~provider.createos.files`) only build URLs and bodies and read the answers. Every request
+attempt, retries and stream opens included, first waits for its turn at the origin's
+:class:`~provider.createos.pacer.RequestPacer`; a 429 penalizes that pacer for every worker.
+Redirects are never followed.
+
+Retries (createos-api.md 1.8, "Our policy"): GET, DELETE and PUT of a replayable body are
+retried on transport errors and HTTP 408, 429, 500, 502, 503, 504; POST only on 429 (the server
+provably did nothing), which also holds for sandbox and process creation. At most
+``max_retries`` extra attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise
+``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A wait that would pass the
+caller's anyio deadline is not started: the error is raised at once. A stream is retried only
+while opening and only when asked (``retry_open``), never once its body has started.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Final, Self
+
+import anyio
+import anyio.lowlevel
+import httpcore
+import httpx
+
+from provider.createos.envelope import unwrap_success
+from provider.createos.errors import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeout,
+    CreateOSError,
+    status_error,
+)
+from provider.createos.pacer import RequestPacer, pacer_for
+from provider.createos.retry import backoff_delay, parse_retry_after
+from provider.createos.upload import UploadBody
+
+try:
+    _VERSION = importlib.metadata.version("paperclip-plugin-createos")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+    _VERSION = "0"
+
+USER_AGENT: Final = f"paperclip-plugin-createos/{_VERSION} python-httpx/{httpx.__version__}"
+DEFAULT_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=10.0)
+STREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=30.0, write=30.0, pool=10.0)
+"""Streams: heartbeats arrive every 5 s, so 30 s without a byte means the stream is dead."""
+FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
+MAX_RETRY_AFTER: Final = 60.0
+"""A Retry-After longer than this is not waited for: the error is raised with the hint."""
+
+HTTP11_READ_BYTES: Final = 256 * 1024
+
+
+def _widen_http11_reads() -> None:
+    """Read responses 256 KiB at a time instead of httpcore's 64 KiB.
+
+    The asyncio transport receives up to 256 KiB per ``recv``; 64 KiB reads split each of those
+    into four (copying the rest every time) and run the h11/httpcore/httpx layers four times.
+    On the output stream and downloads this costs about a fifth of the worker's CPU per byte
+    (bench/execute_relay.py). httpcore has no option for it, so the class default is raised once;
+    a httpcore without that attribute (or with another default) is left as it is.
+    """
+    connection = getattr(httpcore, "AsyncHTTP11Connection", None)
+    if connection is not None and getattr(connection, "READ_NUM_BYTES", None) == 64 * 1024:
+        connection.READ_NUM_BYTES = HTTP11_READ_BYTES
+
+
+_widen_http11_reads()
+
+IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
+"""Statuses a GET, DELETE or replayable PUT is retried on."""
+POST_RETRY: Final = frozenset({429})
+"""Statuses a POST is retried on (the server provably did nothing)."""
+
+
+async def _sleep(seconds: float) -> None:
+    """The wait between attempts (a seam for tests)."""
+    await anyio.sleep(seconds)
+
+
+def _fits_deadline(delay: float) -> bool:
+    """False when sleeping ``delay`` seconds would pass the caller's anyio deadline."""
+    return anyio.current_time() + delay < anyio.current_effective_deadline()
+
+
+def _connection_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
+    kind = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeout(operation, f"CreateOS {operation} failed: timed out ({kind}).")
+    return APIConnectionError(operation, f"CreateOS {operation} failed: connection error ({kind}).")
+
+
+def _redirect_error(operation: str, status: int) -> APIConnectionError:
+    return APIConnectionError(
+        operation, f"CreateOS {operation} failed: redirect refused (HTTP {status})."
+    )
+
+
+def _error_for(response: httpx.Response, operation: str) -> CreateOSError:
+    status = response.status_code
+    if 300 <= status < 400:
+        return _redirect_error(operation, status)
+    if status < 200 or status >= 300:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        return status_error(operation, status, retry_after=retry_after)
+    raise AssertionError("not an error status")  # pragma: no cover
+
+
+class _Body:
+    """A response body as an async iterator of bytes; transport errors become ours."""
+
+    def __init__(self, response: httpx.Response, operation: str) -> None:
+        self._chunks = response.aiter_bytes()
+        self._operation = operation
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except httpx.RequestError as exc:
+            raise _connection_error(self._operation, exc) from exc
+
+    async def aclose(self) -> None:
+        close = getattr(self._chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def new_http_client(
+    origin: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The keep-alive connection pool of one origin and key (redirects are never followed)."""
+    return httpx.AsyncClient(
+        base_url=origin.rstrip("/") + "/v1",
+        headers={"X-Api-Key": api_key, "Accept": "application/json", "User-Agent": USER_AGENT},
+        follow_redirects=False,
+        timeout=DEFAULT_TIMEOUT,
+        transport=transport,
+    )
+
+
+class ClientCore:
+    """One origin and key: the connection pool, the pacer and the request core.
+
+    The resource mixins subclass it and call :meth:`_json_call`, :meth:`_call` and
+    :meth:`_stream`; :class:`provider.createos.client.CreateOSClient` composes them.
+    """
+
+    def __init__(
+        self,
+        origin: str,
+        api_key: str,
+        *,
+        pacer: RequestPacer | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http: httpx.AsyncClient | None = None,
+        max_retries: int = 2,
+        backoff_base: float = 0.5,
+    ) -> None:
+        """``http``: a connection pool shared with other clients of the same origin and key
+        (:func:`new_http_client`, kept by :class:`provider.createos.pool.ConnectionPool`); it
+        is left open by :meth:`aclose`. Without it the client owns a pool of its own."""
+        self.origin = origin.rstrip("/")
+        self._pacer = pacer if pacer is not None else pacer_for(self.origin)
+        self._max_retries = max(0, max_retries)
+        self._backoff_base = backoff_base
+        self._owns_http = http is None
+        self._http = http if http is not None else new_http_client(self.origin, api_key, transport)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool, unless it is a shared one."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        retry_on: frozenset[int],
+        retry_transport: bool,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+        upload: Callable[[], UploadBody] | None = None,
+        headers: Mapping[str, str] | None = None,
+        limits: httpx.Timeout = DEFAULT_TIMEOUT,
+    ) -> httpx.Response:
+        """Send with pacing and retries; return the 2xx response or raise our error."""
+        attempt = 0
+        while True:
+            await self._pacer.wait_turn()
+            body = upload() if upload is not None else None
+            cause: httpx.RequestError | None = None
+            try:
+                response = await self._http.request(
+                    method,
+                    url,
+                    params=params,
+                    json=json,
+                    content=body,
+                    headers=headers,
+                    timeout=limits,
+                )
+            except httpx.RequestError as exc:
+                cause = exc
+                error: CreateOSError = _connection_error(operation, exc)
+                retryable = retry_transport
+                retry_after = None
+            else:
+                if 200 <= response.status_code < 300:
+                    return response
+                error = _error_for(response, operation)
+                retryable = isinstance(error, APIStatusError) and error.status in retry_on
+                retry_after = error.retry_after if isinstance(error, APIStatusError) else None
+            finally:
+                if body is not None:
+                    body.close()
+            if isinstance(error, APIStatusError) and error.status == 429:
+                await self._pacer.penalize(error.retry_after)  # every worker holds
+            if retryable and await self._backoff(attempt, retry_after):
+                attempt += 1
+                continue
+            if cause is not None:
+                raise error from cause
+            raise error
+
+    async def _backoff(self, attempt: int, retry_after: float | None) -> bool:
+        """Wait before retry ``attempt + 1``; False when no retry is left or the wait would
+        pass ``MAX_RETRY_AFTER`` or the caller's deadline (the error is then raised)."""
+        if attempt >= self._max_retries:
+            return False
+        await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
+        delay = backoff_delay(attempt, self._backoff_base, retry_after, jitter=random.uniform)
+        if delay > MAX_RETRY_AFTER or not _fits_deadline(delay):
+            return False
+        await _sleep(delay)
+        return True
+
+    async def _json_call(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+    ) -> Any:
+        """A JSend call: retried per the method (see the module docstring); returns ``data``."""
+        idempotent = method in ("GET", "DELETE", "PUT")
+        response = await self._call(
+            method,
+            url,
+            operation=operation,
+            retry_on=IDEMPOTENT_RETRY if idempotent else POST_RETRY,
+            retry_transport=idempotent,
+            params=params,
+            json=json,
+        )
+        return unwrap_success(response.status_code, response.content, operation)
+
+    @asynccontextmanager
+    async def _stream(
+        self,
+        url: str,
+        *,
+        operation: str,
+        accept: str,
+        params: Mapping[str, str | int] | None = None,
+        limits: httpx.Timeout,
+        retry_open: bool = False,
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """A streamed GET. With ``retry_open``, opening it (up to the response head) is retried
+        like any idempotent request; a body cut once it has started is never retried here."""
+        attempt = 0
+        while True:
+            await self._pacer.wait_turn()
+            request = self._http.build_request(
+                "GET", url, params=params, headers={"Accept": accept}, timeout=limits
+            )
+            cause: httpx.RequestError | None = None
+            retry_after: float | None = None
+            error: CreateOSError
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.RequestError as exc:
+                cause, error = exc, _connection_error(operation, exc)
+                retryable = retry_open
+            else:
+                if 200 <= response.status_code < 300:
+                    break
+                await response.aclose()
+                error = _error_for(response, operation)
+                retryable = retry_open and (
+                    isinstance(error, APIStatusError) and error.status in IDEMPOTENT_RETRY
+                )
+                retry_after = error.retry_after if isinstance(error, APIStatusError) else None
+                if isinstance(error, APIStatusError) and error.status == 429:
+                    await self._pacer.penalize(error.retry_after)  # every worker holds
+            if retryable and await self._backoff(attempt, retry_after):
+                attempt += 1
+                continue
+            if cause is not None:
+                raise error from cause
+            raise error
+        try:
+            body = _Body(response, operation)
+            try:
+                yield body
+            finally:
+                await body.aclose()
+        finally:
+            await response.aclose()

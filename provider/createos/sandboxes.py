@@ -1,0 +1,111 @@
+"""Sandbox calls of the CreateOS client: create, read, list, delete, pause, resume and exec.
+
+createos-api.md sections on ``/sandboxes``. Creation and ``exec`` are POSTs, so they are
+repeated only on 429; reads, lists and deletes are retried like other idempotent calls
+(:mod:`provider.createos.core`). Every answer is checked to be about the sandbox asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from provider.createos.core import ClientCore
+from provider.createos.envelope import list_page
+from provider.createos.errors import APIProtocolError
+from provider.createos.models import (
+    ExecResult,
+    SandboxView,
+    exec_result,
+    is_valid_id,
+    require_id,
+    sandbox_view,
+)
+
+LIST_PAGE: Final = 100
+_MAX_PAGES: Final = 10_000
+
+
+class SandboxCalls(ClientCore):
+    """``/sandboxes`` and ``/sandboxes/{id}`` (lifecycle and buffered exec)."""
+
+    async def create_sandbox(
+        self, *, shape: str, name: str, rootfs: str | None, region: str | None
+    ) -> str:
+        """``POST /sandboxes``; returns the new id. Retried only on 429."""
+        body: dict[str, Any] = {"shape": shape, "name": name}
+        if rootfs is not None:
+            body["rootfs"] = rootfs
+        if region is not None:
+            body["region"] = region
+        body["ingress_enabled"] = False
+        operation = "create sandbox"
+        data = await self._json_call("POST", "/sandboxes", operation=operation, json=body)
+        sandbox_id = data.get("id") if isinstance(data, dict) else None
+        if not is_valid_id(sandbox_id):
+            raise APIProtocolError(f"CreateOS {operation} answered without a valid sandbox id.")
+        assert isinstance(sandbox_id, str)
+        return sandbox_id
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxView:
+        """``GET /sandboxes/{id}``; the answer must be about that sandbox."""
+        operation = "read sandbox"
+        require_id(sandbox_id, "sandbox")
+        data = await self._json_call("GET", f"/sandboxes/{sandbox_id}", operation=operation)
+        view = sandbox_view(data, operation)
+        if view.id != sandbox_id:
+            raise APIProtocolError(f"CreateOS {operation} answered for another sandbox.")
+        return view
+
+    async def list_sandboxes(self, *, status: str | None = None) -> list[SandboxView]:
+        """Every sandbox of this key (all pages), optionally filtered by status."""
+        operation = "list sandboxes"
+        views: list[SandboxView] = []
+        offset = 0
+        for _ in range(_MAX_PAGES):
+            params: dict[str, str | int] = {"limit": LIST_PAGE, "offset": offset}
+            if status is not None:
+                params["status"] = status
+            data = await self._json_call("GET", "/sandboxes", operation=operation, params=params)
+            items, total = list_page(data, operation)
+            views.extend(sandbox_view(item, operation) for item in items)
+            offset += len(items)
+            if total is None or not items or offset >= total:
+                return views
+        raise APIProtocolError(f"CreateOS {operation} did not reach the end of its pages.")
+
+    async def delete_sandbox(self, sandbox_id: str) -> str:
+        """``DELETE /sandboxes/{id}``; returns the answered status. 404 raises NotFound."""
+        operation = "delete sandbox"
+        require_id(sandbox_id, "sandbox")
+        data = await self._json_call("DELETE", f"/sandboxes/{sandbox_id}", operation=operation)
+        if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+            raise APIProtocolError(f"CreateOS {operation} answered without a status.")
+        if "id" in data and data["id"] != sandbox_id:
+            raise APIProtocolError(f"CreateOS {operation} answered for another sandbox.")
+        status: str = data["status"]
+        return status
+
+    async def pause_sandbox(self, sandbox_id: str) -> None:
+        """``POST /sandboxes/{id}/pause`` (202 or 200); 409 raises Conflict."""
+        require_id(sandbox_id, "sandbox")
+        await self._json_call("POST", f"/sandboxes/{sandbox_id}/pause", operation="pause sandbox")
+
+    async def resume_sandbox(self, sandbox_id: str) -> None:
+        """``POST /sandboxes/{id}/resume`` (202 or 200); 409 raises Conflict."""
+        require_id(sandbox_id, "sandbox")
+        await self._json_call("POST", f"/sandboxes/{sandbox_id}/resume", operation="resume sandbox")
+
+    async def exec(
+        self, sandbox_id: str, cmd: str, args: Sequence[str], *, stdin: str | None = None
+    ) -> ExecResult:
+        """Buffered ``POST /sandboxes/{id}/exec``: runs ``cmd`` + ``args`` (no shell)."""
+        operation = "run command"
+        require_id(sandbox_id, "sandbox")
+        body: dict[str, Any] = {"cmd": cmd, "args": list(args)}
+        if stdin is not None:
+            body["stdin"] = stdin
+        data = await self._json_call(
+            "POST", f"/sandboxes/{sandbox_id}/exec", operation=operation, json=body
+        )
+        return exec_result(data, operation)
