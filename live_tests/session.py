@@ -63,7 +63,14 @@ class LiveSession:
 
     async def acquire(self) -> dict[str, Any]:
         lease: dict[str, Any] = await self.call(
-            "environmentAcquireLease", {**self.common(), "runId": "live-smoke"}
+            "environmentAcquireLease",
+            # A heartbeat run of an execution workspace: only such a lease is kept on release.
+            {
+                **self.common(),
+                "runId": "live-smoke",
+                "agentId": "live-smoke-agent",
+                "executionWorkspaceId": "live-smoke-workspace",
+            },
         )
         return lease
 

@@ -80,4 +80,10 @@ def run_stdio() -> None:
 
     dispatcher = Dispatcher(table, on_shutdown=methods.shutdown, initialized=request_id is not None)
     channel.dispatcher = dispatcher
-    anyio.run(serve_stdio, protocol_fd, dispatcher, already_read)
+
+    async def serve() -> None:
+        # Background work (the reaper's sweeps) lives as long as the worker; shutdown cancels it.
+        async with methods.background():
+            await serve_stdio(protocol_fd, dispatcher, already_read)
+
+    anyio.run(serve)

@@ -11,7 +11,8 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -22,7 +23,18 @@ from provider.errors import ConfigError
 DEFAULT_API_URL: Final = "https://api.sb.createos.sh"
 API_KEY_ENV: Final = "CREATEOS_API_KEY"
 DEFAULT_TIMEOUT_MS: Final = 300_000
+# Host-owned run flags we default in the stored config. Paperclip strips them before it asks us
+# to validate and puts the operator's own value back over ours when one was given, so these only
+# fill the gap. streamRunLogs false: the host then writes our live execute.log chunks straight
+# into the run log instead of tailing a log file through a command every 250 ms (those commands
+# cost API requests and left the run log seconds behind).
+HOST_FLAG_DEFAULTS: Final[dict[str, object]] = {"streamRunLogs": False}
 MAX_TIMEOUT_MS: Final = 86_400_000
+DEFAULT_REUSE_MAX_IDLE_SECONDS: Final = 86_400
+MIN_REUSE_MAX_IDLE_SECONDS: Final = 600
+MAX_REUSE_MAX_IDLE_SECONDS: Final = 2_592_000
+DEFAULT_REUSE_MAX_KEPT: Final = 5
+MAX_REUSE_MAX_KEPT: Final = 100
 
 KNOWN_SHAPES: Final[tuple[str, ...]] = (
     "s-1vcpu-256mb",
@@ -59,6 +71,8 @@ class EnvironmentConfig(BaseModel):
     region: str | None
     timeout_ms: int
     reuse_lease: bool
+    reuse_max_idle_seconds: int
+    reuse_max_kept_sandboxes: int
 
     def normalized(self) -> dict[str, object]:
         """The ``normalizedConfig`` object the host persists (camelCase keys, nulls kept)."""
@@ -70,6 +84,8 @@ class EnvironmentConfig(BaseModel):
             "region": self.region,
             "timeoutMs": self.timeout_ms,
             "reuseLease": self.reuse_lease,
+            "reuseMaxIdleSeconds": self.reuse_max_idle_seconds,
+            "reuseMaxKeptSandboxes": self.reuse_max_kept_sandboxes,
         }
 
 
@@ -136,20 +152,56 @@ def _text(raw: Mapping[str, Any], field: str) -> str | None:
     return value.strip()
 
 
-def _timeout_ms(raw: Mapping[str, Any]) -> int:
-    value = raw.get("timeoutMs")
-    if value is None:
-        return DEFAULT_TIMEOUT_MS
-    number: int | None = None
+def _whole_number(value: object) -> int | None:
+    """An integer, or an integral finite float as one; None for anything else (booleans too)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        number = int(value)
-    if number is None or not 1 <= number <= MAX_TIMEOUT_MS:
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+@dataclass(frozen=True)
+class _IntegerField:
+    name: str
+    default: int
+    accepts: Callable[[int], bool]
+    forms: str  # what the message says is accepted
+
+
+_TIMEOUT_MS: Final = _IntegerField(
+    "timeoutMs",
+    DEFAULT_TIMEOUT_MS,
+    lambda n: 1 <= n <= MAX_TIMEOUT_MS,
+    f"a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}",
+)
+_REUSE_BOUNDS: Final = (
+    _IntegerField(
+        "reuseMaxIdleSeconds",
+        DEFAULT_REUSE_MAX_IDLE_SECONDS,
+        lambda n: n == 0 or MIN_REUSE_MAX_IDLE_SECONDS <= n <= MAX_REUSE_MAX_IDLE_SECONDS,
+        "a whole number of seconds: 0 (no age bound) or from "
+        f"{MIN_REUSE_MAX_IDLE_SECONDS} to {MAX_REUSE_MAX_IDLE_SECONDS}",
+    ),
+    _IntegerField(
+        "reuseMaxKeptSandboxes",
+        DEFAULT_REUSE_MAX_KEPT,
+        lambda n: 0 <= n <= MAX_REUSE_MAX_KEPT,
+        f"a whole number from 0 (no count bound) to {MAX_REUSE_MAX_KEPT}",
+    ),
+)
+
+
+def _integer(raw: Mapping[str, Any], spec: _IntegerField) -> int:
+    """Missing or null: the default; else an integer (integral floats too, never a boolean)."""
+    value = raw.get(spec.name)
+    if value is None:
+        return spec.default
+    number = _whole_number(value)
+    if number is None or not spec.accepts(number):
         raise ConfigError(
-            f"timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS} "
-            f"(or null for the default {DEFAULT_TIMEOUT_MS})",
-            field="timeoutMs",
+            f"{spec.name} must be {spec.forms} (or null for the default {spec.default})",
+            field=spec.name,
         )
     return number
 
@@ -192,13 +244,19 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
     timeout_ms = DEFAULT_TIMEOUT_MS
     reuse_lease = False
     try:
-        timeout_ms = _timeout_ms(raw)
+        timeout_ms = _integer(raw, _TIMEOUT_MS)
     except ConfigError as exc:
         errors.append(exc)
     try:
         reuse_lease = _reuse_lease(raw)
     except ConfigError as exc:
         errors.append(exc)
+    bounds = {spec.name: spec.default for spec in _REUSE_BOUNDS}
+    for spec in _REUSE_BOUNDS:
+        try:
+            bounds[spec.name] = _integer(raw, spec)
+        except ConfigError as exc:
+            errors.append(exc)
     if errors or shape is None:
         return None, errors
     config = EnvironmentConfig(
@@ -209,6 +267,8 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
         region=texts["region"],
         timeout_ms=timeout_ms,
         reuse_lease=reuse_lease,
+        reuse_max_idle_seconds=bounds["reuseMaxIdleSeconds"],
+        reuse_max_kept_sandboxes=bounds["reuseMaxKeptSandboxes"],
     )
     return config, []
 
@@ -246,7 +306,8 @@ def validate_config(raw: object) -> dict[str, object]:
             f"no apiKey is set: the worker then needs {API_KEY_ENV} in its own environment, "
             "which Paperclip hosts do not forward to plugins; set apiKey in the environment config"
         )
-    result: dict[str, object] = {"ok": True, "normalizedConfig": config.normalized()}
+    normalized = {**config.normalized(), **HOST_FLAG_DEFAULTS}
+    result: dict[str, object] = {"ok": True, "normalizedConfig": normalized}
     if warnings:
         result["warnings"] = warnings
     return result

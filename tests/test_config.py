@@ -106,6 +106,8 @@ def test_minimal_config_gets_every_default() -> None:
         region=None,
         timeout_ms=300_000,
         reuse_lease=False,
+        reuse_max_idle_seconds=86_400,
+        reuse_max_kept_sandboxes=5,
     )
 
 
@@ -118,6 +120,8 @@ def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() ->
         "region": " us ",
         "timeoutMs": 5000.0,
         "reuseLease": True,
+        "reuseMaxIdleSeconds": 3600.0,
+        "reuseMaxKeptSandboxes": 0,
         "archiveOnRelease": True,
         "runnerLifecycleMode": "x",
         "bridgeRequestTimeoutMs": 1,
@@ -130,11 +134,23 @@ def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() ->
         "region": "us",
         "timeoutMs": 5000,
         "reuseLease": True,
+        "reuseMaxIdleSeconds": 3600,
+        "reuseMaxKeptSandboxes": 0,
     }
 
 
 @pytest.mark.parametrize(
-    "field", ["apiUrl", "apiKey", "rootfs", "region", "timeoutMs", "reuseLease"]
+    "field",
+    [
+        "apiUrl",
+        "apiKey",
+        "rootfs",
+        "region",
+        "timeoutMs",
+        "reuseLease",
+        "reuseMaxIdleSeconds",
+        "reuseMaxKeptSandboxes",
+    ],
 )
 def test_null_means_absent(field: str) -> None:
     config = parse_config({**BASE, field: None})
@@ -145,6 +161,37 @@ def test_null_means_absent(field: str) -> None:
 @pytest.mark.parametrize("timeout", [1, 86_400_000, 5000.0, 300_000])
 def test_timeout_accepts_integers_in_range(timeout: float) -> None:
     assert parse_config({**BASE, "timeoutMs": timeout}).timeout_ms == int(timeout)
+
+
+@pytest.mark.parametrize("seconds", [0, 600, 86_400, 2_592_000, 600.0, 0.0])
+def test_reuse_max_idle_accepts_zero_or_the_range(seconds: float) -> None:
+    config = parse_config({**BASE, "reuseMaxIdleSeconds": seconds})
+    assert config.reuse_max_idle_seconds == int(seconds)
+    assert isinstance(config.reuse_max_idle_seconds, int)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 100, 7.0])
+def test_reuse_max_kept_accepts_zero_to_a_hundred(count: float) -> None:
+    config = parse_config({**BASE, "reuseMaxKeptSandboxes": count})
+    assert config.reuse_max_kept_sandboxes == int(count)
+    assert isinstance(config.reuse_max_kept_sandboxes, int)
+
+
+def test_reuse_bounds_default_to_a_day_and_five_sandboxes() -> None:
+    config = parse_config(BASE)
+    assert (config.reuse_max_idle_seconds, config.reuse_max_kept_sandboxes) == (86_400, 5)
+
+
+def test_reuse_bound_messages_state_the_accepted_forms() -> None:
+    with pytest.raises(ConfigError) as idle:
+        parse_config({**BASE, "reuseMaxIdleSeconds": 59})
+    assert "0 (no age bound)" in str(idle.value)
+    assert "from 600 to 2592000" in str(idle.value)
+    assert "default 86400" in str(idle.value)
+    with pytest.raises(ConfigError) as kept:
+        parse_config({**BASE, "reuseMaxKeptSandboxes": 101})
+    assert "from 0 (no count bound) to 100" in str(kept.value)
+    assert "default 5" in str(kept.value)
 
 
 # --- parse_config: each invalid field ------------------------------------------------------------
@@ -179,6 +226,21 @@ INVALID_CASES: list[tuple[str, dict[str, Any]]] = [
     ("reuseLease", {**BASE, "reuseLease": "true"}),
     ("reuseLease", {**BASE, "reuseLease": 1}),
     ("reuseLease", {**BASE, "reuseLease": 0}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": True}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": False}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": "86400"}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": 1}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": 599}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": 600.5}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": -1}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": 2_592_001}),
+    ("reuseMaxIdleSeconds", {**BASE, "reuseMaxIdleSeconds": float("nan")}),
+    ("reuseMaxKeptSandboxes", {**BASE, "reuseMaxKeptSandboxes": True}),
+    ("reuseMaxKeptSandboxes", {**BASE, "reuseMaxKeptSandboxes": "5"}),
+    ("reuseMaxKeptSandboxes", {**BASE, "reuseMaxKeptSandboxes": -1}),
+    ("reuseMaxKeptSandboxes", {**BASE, "reuseMaxKeptSandboxes": 101}),
+    ("reuseMaxKeptSandboxes", {**BASE, "reuseMaxKeptSandboxes": 2.5}),
+    ("reuseMaxKeptSandboxes", {**BASE, "reuseMaxKeptSandboxes": float("inf")}),
 ]
 
 
@@ -220,6 +282,9 @@ def test_validate_returns_normalized_config_with_nulls_for_absent_optionals() ->
             "region": None,
             "timeoutMs": 300_000,
             "reuseLease": False,
+            "reuseMaxIdleSeconds": 86_400,
+            "reuseMaxKeptSandboxes": 5,
+            "streamRunLogs": False,  # a host-owned flag we default (see config.py)
         },
     }
 
@@ -331,6 +396,13 @@ def test_manifest_schema_lists_the_catalog_and_the_defaults() -> None:
     assert props["timeoutMs"]["default"] == 300_000
     assert (props["timeoutMs"]["minimum"], props["timeoutMs"]["maximum"]) == (1, 86_400_000)
     assert props["reuseLease"]["default"] is False
+    idle, kept = props["reuseMaxIdleSeconds"], props["reuseMaxKeptSandboxes"]
+    assert idle["type"] == kept["type"] == "integer"
+    assert (idle["minimum"], idle["maximum"], idle["default"]) == (0, 2_592_000, 86_400)
+    assert (kept["minimum"], kept["maximum"], kept["default"]) == (0, 100, 5)
+    for prop in (idle, kept):
+        assert prop["title"] and prop["description"]
+    assert "600" in idle["description"]  # the schema cannot say "0 or 600..": the text does
     assert schema["required"] == ["apiUrl", "shape"]
     assert set(props) == {
         "apiUrl",
@@ -340,4 +412,6 @@ def test_manifest_schema_lists_the_catalog_and_the_defaults() -> None:
         "region",
         "timeoutMs",
         "reuseLease",
+        "reuseMaxIdleSeconds",
+        "reuseMaxKeptSandboxes",
     }

@@ -183,7 +183,14 @@ class Walkthrough:
 
         with self.t.step("Acquire a reusable lease"):
             self.lease = await self.lease_call(
-                "environmentAcquireLease", {**self.common(), "runId": "demo-run"}
+                "environmentAcquireLease",
+                # A run of an execution workspace: only such a lease is kept on release.
+                {
+                    **self.common(),
+                    "runId": "demo-run",
+                    "agentId": "demo-agent",
+                    "executionWorkspaceId": "demo-workspace",
+                },
             )
             assert self.lease is not None
             expect(bool(self.lease.get("providerLeaseId")), "acquire returned no lease id")

@@ -1,9 +1,11 @@
 """Lease lifecycle: acquire, resume, release, destroy, realize (provider-behavior.md 2.3-2.6).
 
-A lease is one CreateOS sandbox. Acquire creates it with a unique name token, waits for
-``running``, prepares the workspace and writes a random marker; resume proves the sandbox is
-still ours by reading that marker back; release pauses (reuse) or deletes it; destroy always
-deletes. Every refusal happens before the first HTTP request.
+A lease is one CreateOS sandbox. Acquire creates it with a unique name token
+(``pc-<scope tag>-<uuid>``), waits for ``running``, prepares the workspace and writes a random
+marker; resume proves the sandbox is still ours by reading that marker back; release pauses a
+keepable lease (:mod:`provider.driver.reuse`) and deletes any other; destroy always deletes.
+Every refusal happens before the first HTTP request. The ``on_reusable`` / ``on_kept`` hooks
+tell the caller (the reaper) about kept sandboxes; they must not wait.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from provider.createos.errors import APIStatusError, NotFound, RateLimited
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams, LeaseIdParams, LeaseParams
 from provider.driver.recovery import claim_lease, recover_orphans
+from provider.driver.reuse import is_keepable, is_reusable, name_token, scope_tag
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -38,29 +41,37 @@ RESUME_DEADLINE_CAP = 55.0
 CLEANUP_DEADLINE_CAP = 60.0
 GONE: dict[str, Any] = {"providerLeaseId": None, "metadata": {"expired": True}}
 
+LeaseHook = Callable[[BoundCall, str], None]
+"""Told the call and the lease id of a reusable or kept lease; returns at once."""
+
 
 # -- acquire -------------------------------------------------------------------------------
 
 
-async def acquire(runtime: DriverRuntime, params: AcquireParams) -> dict[str, Any]:
+async def acquire(
+    runtime: DriverRuntime, params: AcquireParams, *, on_reusable: LeaseHook | None = None
+) -> dict[str, Any]:
     if params.requestedExpiresAt:
         raise RequestRefused(
             "CreateOS cannot bound a lease's lifetime (it has no hard expiry), so a lease with "
             "requestedExpiresAt cannot be honoured."
         )
     call = bind_call(runtime, params)
+    reusable = is_reusable(call.config, params.executionWorkspaceId, params.agentId)
     await recover_orphans(runtime, call)
     async with runtime.client_factory(call.config, call.api_key) as client:
         with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
             sandbox_id, marker = await provision_sandbox(client, call, runtime.journal)
+    if reusable and on_reusable is not None:
+        on_reusable(call, sandbox_id)
     return {
         "providerLeaseId": sandbox_id,
-        "metadata": lease_metadata(call, marker),
+        "metadata": lease_metadata(call, marker, reusable=reusable),
         "expiresAt": None,
     }
 
 
-def lease_metadata(call: BoundCall, marker: str) -> dict[str, Any]:
+def lease_metadata(call: BoundCall, marker: str, *, reusable: bool) -> dict[str, Any]:
     config = call.config
     return {
         "provider": PROVIDER_NAME,
@@ -73,7 +84,7 @@ def lease_metadata(call: BoundCall, marker: str) -> dict[str, Any]:
         "shape": config.shape,
         "rootfs": config.rootfs,
         "region": config.region,
-        "reuseLease": config.reuse_lease,
+        "reuseLease": reusable,
     }
 
 
@@ -89,7 +100,7 @@ async def provision_sandbox(
     cleanup that failed), the token is handed to recovery, which keeps looking for the sandbox
     on later calls with this origin and key (:meth:`LeaseJournal.abandon_create`).
     """
-    token = f"pc-{uuid.uuid4()}"
+    token = name_token(scope_tag(call.company_id, call.environment_id, call.config.api_url))
     key_hash = call.scope("").key_hash
     await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
     unresolved = False
@@ -255,7 +266,11 @@ def _placement_changed(call: BoundCall, metadata: Mapping[str, Any]) -> bool:
 
 
 async def release(
-    runtime: DriverRuntime, params: LeaseIdParams, *, destroy: bool
+    runtime: DriverRuntime,
+    params: LeaseIdParams,
+    *,
+    destroy: bool,
+    on_kept: LeaseHook | None = None,
 ) -> dict[str, Any] | None:
     if not params.providerLeaseId:
         return None
@@ -267,7 +282,7 @@ async def release(
         runtime.tracker.closing(scope, f"the lease was {verb}"),
         runtime.client_factory(call.config, call.api_key) as client,
     ):
-        if destroy or not call.config.reuse_lease:
+        if destroy or not is_keepable(call.config, params.leaseMetadata):
             with deadline(call.timeout, "Deleting the CreateOS sandbox"):
                 await delete_sandbox_confirmed(client, sandbox_id)
             await runtime.clear_poison(scope)
@@ -282,7 +297,9 @@ async def release(
                 await transition(client, sandbox_id, "paused")
         except NotFound:
             return {"providerLeaseId": sandbox_id, "state": "destroyed"}
-        return {"providerLeaseId": sandbox_id, "state": "stopped"}
+    if on_kept is not None:
+        on_kept(call, sandbox_id)
+    return {"providerLeaseId": sandbox_id, "state": "stopped"}
 
 
 # -- realize -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The environment-driver method table the dispatcher serves (``method_table``) and the driver's
-shutdown hook.
+"""The environment-driver method table the dispatcher serves (``method_table``), the driver's
+shutdown hook, and ``background()``, which the composition root runs around serving so that
+background work (the reaper's sweeps) lives as long as the worker.
 
 The table is built from names alone and each handler imports :mod:`provider.driver.service`
 (pydantic, httpx, the CreateOS client) on its first call, so the worker answers ``initialize``
@@ -8,10 +9,12 @@ fast; keep it that way when adding verbs here.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from provider.driver.background import BackgroundTasks
     from provider.driver.service import DriverService
 
 MethodHandler = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -33,6 +36,23 @@ VERBS: tuple[str, ...] = (
 )
 
 _service: DriverService | None = None
+_background: BackgroundTasks | None = None
+
+
+def _background_tasks() -> BackgroundTasks:
+    global _background
+    if _background is None:
+        from provider.driver.background import BackgroundTasks
+
+        _background = BackgroundTasks()
+    return _background
+
+
+@asynccontextmanager
+async def background() -> AsyncIterator[None]:
+    """Run the driver's background tasks for the duration of the block (the worker's life)."""
+    async with _background_tasks().running():
+        yield
 
 
 def _service_for(notify: Notify, log: Log) -> DriverService:
@@ -42,7 +62,8 @@ def _service_for(notify: Notify, log: Log) -> DriverService:
         from provider.driver.runtime import DriverRuntime
         from provider.driver.service import DriverService
 
-        _service = DriverService(DriverRuntime(journal=open_journal()), notify=notify, log=log)
+        runtime = DriverRuntime(journal=open_journal(), background=_background_tasks())
+        _service = DriverService(runtime, notify=notify, log=log)
     return _service
 
 
@@ -62,3 +83,5 @@ async def shutdown() -> None:
     """Abort active driver work and wait for its cleanup (bounded inside the tracker)."""
     if _service is not None:
         await _service.shutdown()
+    elif _background is not None:
+        _background.cancel()

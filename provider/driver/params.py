@@ -27,6 +27,10 @@ class CallParams(msgspec.Struct, kw_only=True):
 class AcquireParams(CallParams, kw_only=True):
     runId: str | None = None
     requestedExpiresAt: Any = None
+    # Tolerant on purpose: only a non-empty string counts (provider.driver.reuse.is_reusable);
+    # anything else (null, a number) just makes the lease disposable.
+    agentId: Any = None
+    executionWorkspaceId: Any = None
 
 
 class LeaseIdParams(CallParams, kw_only=True):

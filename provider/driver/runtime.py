@@ -1,8 +1,10 @@
 """What every driver call shares: the lease tracker, the client factory, the call's binding.
 
-``DriverRuntime`` is built once per worker by the composition root. ``bind_call`` turns a
-request's common params into a :class:`BoundCall` (parsed config, resolved key) and
-``owned_scope`` applies the ownership rule of provider-behavior.md 2.1 before any HTTP request.
+``DriverRuntime`` is built once per worker by the composition root; its ``background``
+tasks live as long as the worker (the composition root runs them, shutdown cancels them).
+``bind_call`` turns a request's common params into a :class:`BoundCall` (parsed config,
+resolved key) and ``owned_scope`` applies the ownership rule of provider-behavior.md 2.1
+before any HTTP request.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from provider.config import EnvironmentConfig, parse_config, resolve_api_key
 from provider.createos.client import CreateOSClient
 from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
+from provider.createos.pool import ConnectionPool
+from provider.driver.background import BackgroundTasks
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import CallParams
 from provider.driver.tracker import LeaseTracker, ScopeKey
@@ -31,6 +35,7 @@ ClientFactory = Callable[[EnvironmentConfig, str], CreateOSClient]
 
 
 def default_client_factory(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
+    """The default: replaced in each runtime by a client on the runtime's shared pool."""
     return CreateOSClient(config.api_url, api_key, pacer=pacer_for(config.api_url))
 
 
@@ -40,6 +45,13 @@ class DriverRuntime:
     client_factory: ClientFactory = default_client_factory
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     journal: LeaseJournal = field(default_factory=lambda: LeaseJournal(None))
+    background: BackgroundTasks = field(default_factory=BackgroundTasks)
+    pool: ConnectionPool = field(default_factory=ConnectionPool)
+
+    def __post_init__(self) -> None:
+        if self.client_factory is default_client_factory:  # keep-alive connections per key
+            pool = self.pool
+            self.client_factory = lambda config, api_key: pool.client(config.api_url, api_key)
 
     async def load_poison(self, scope: ScopeKey) -> None:
         """Take over a poison mark a previous (crashed) worker left in the journal."""

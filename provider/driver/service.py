@@ -3,7 +3,8 @@
 ``DriverService`` is what ``provider.driver.methods`` hands every call to: it decodes each
 request's params into typed structs, applies the per-call guards and hands off to the lease,
 execute and sync logic. It knows nothing of JSON-RPC framing; the functions it is given
-(``notify``, ``log``) send host notifications for it.
+(``notify``, ``log``) send host notifications for it. Its :class:`Reaper` sweeps kept sandboxes
+in the runtime's background tasks after reusable acquires and kept releases.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from provider.driver.params import (
     decode_params,
 )
 from provider.driver.probe import probe
+from provider.driver.reaper import Reaper
 from provider.driver.recovery import claim_lease
 from provider.driver.runtime import DriverRuntime, bind_call, deadline
 from provider.driver.sync import SyncSession
@@ -43,10 +45,13 @@ SHUTDOWN_BUDGET = 8.0
 
 
 class DriverService:
-    def __init__(self, runtime: DriverRuntime, *, notify: Notify, log: Log) -> None:
+    def __init__(
+        self, runtime: DriverRuntime, *, notify: Notify, log: Log, reaper: Reaper | None = None
+    ) -> None:
         self.runtime = runtime
         self.notify = notify
         self.log = log
+        self.reaper = reaper if reaper is not None else Reaper(runtime, log)
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -63,7 +68,10 @@ class DriverService:
         }
 
     async def shutdown(self) -> None:
+        self.runtime.background.cancel()  # a sweep in flight is housekeeping: drop it
         await self.runtime.tracker.shutdown(budget=SHUTDOWN_BUDGET)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            await self.runtime.pool.aclose()  # the work is over: close the shared connections
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -77,15 +85,18 @@ class DriverService:
 
     async def acquire(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, AcquireParams, "environmentAcquireLease")
-        return await leases.acquire(self.runtime, decoded)
+        return await leases.acquire(self.runtime, decoded, on_reusable=self.reaper.after_acquire)
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseIdParams, "environmentResumeLease")
-        return await leases.resume(self.runtime, decoded)
+        with self.reaper.in_use(decoded.providerLeaseId):
+            return await leases.resume(self.runtime, decoded)
 
     async def release(self, params: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_params(params, LeaseIdParams, "environmentReleaseLease")
-        return await leases.release(self.runtime, decoded, destroy=False)
+        return await leases.release(
+            self.runtime, decoded, destroy=False, on_kept=self.reaper.after_keep
+        )
 
     async def destroy(self, params: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_params(params, LeaseIdParams, "environmentDestroyLease")

@@ -2,11 +2,17 @@
 
 ``harness`` wires :class:`DriverMethods` to the emulator with request pacing switched off (the
 pacing rules have their own tests with the real 300 ms) and records every notification the
-driver sends, so tests can assert on live output and on what crossed the wire.
+driver sends, so tests can assert on live output and on what crossed the wire. The driver's
+background tasks run for the test's duration; the reaper reads :class:`FakeClock`, which moves
+only when a test advances it. ``Harness.acquire`` acquires as a heartbeat run of an execution
+workspace does (``agentId`` and ``executionWorkspaceId`` set, so the lease is reusable when the
+config says ``reuseLease``) and waits for the reaper's sweep it may start, so request counts
+stay deterministic; ``workspace=False`` acquires a disposable lease.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +24,7 @@ from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
 from provider.driver.journal import LeaseJournal
+from provider.driver.reaper import Reaper
 from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService as DriverMethods
 from provider.emulator import Emulator
@@ -31,6 +38,22 @@ def unpaced_client(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
 
 
 @dataclass
+class FakeClock:
+    """Wall and monotonic time that start at the real values and move only by ``advance``."""
+
+    offset: float = 0.0
+
+    def wall(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@dataclass
 class Harness:
     emulator: Emulator
     methods: DriverMethods
@@ -38,6 +61,7 @@ class Harness:
     logs: list[tuple[str, str]] = field(default_factory=list)
     company_id: str = "company-1"
     environment_id: str = "env-1"
+    clock: FakeClock = field(default_factory=FakeClock)
 
     def config(self, **overrides: Any) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -68,8 +92,21 @@ class Harness:
     def with_lease(self, lease: dict[str, Any], **config_overrides: Any) -> dict[str, Any]:
         return {**self.call(**config_overrides), "lease": {**lease, "expiresAt": None}}
 
-    async def acquire(self, **config_overrides: Any) -> dict[str, Any]:
-        return await self.methods.acquire({**self.call(**config_overrides), "runId": "run-1"})
+    def acquire_params(self, *, workspace: bool = True, **config_overrides: Any) -> dict[str, Any]:
+        params = {**self.call(**config_overrides), "runId": "run-1"}
+        if workspace:
+            params.update(agentId="agent-1", executionWorkspaceId="workspace-1")
+        return params
+
+    async def acquire(self, *, workspace: bool = True, **config_overrides: Any) -> dict[str, Any]:
+        params = self.acquire_params(workspace=workspace, **config_overrides)
+        lease = await self.methods.acquire(params)
+        await self.settle()
+        return lease
+
+    async def settle(self) -> None:
+        """Wait until the driver's background work (a reaper sweep) has finished."""
+        await self.methods.runtime.background.wait_idle()
 
     async def request_count(self) -> int:
         return len(await self.emulator.admin.requests())
@@ -95,5 +132,8 @@ async def harness(emulator: Emulator, tmp_path: Path) -> AsyncIterator[Harness]:
     async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
         logs.append((level, message))
 
-    methods = DriverMethods(runtime, notify=notify, log=log)
-    yield Harness(emulator, methods, notifications, logs)
+    clock = FakeClock()
+    reaper = Reaper(runtime, log, wall_clock=clock.wall, monotonic=clock.monotonic)
+    methods = DriverMethods(runtime, notify=notify, log=log, reaper=reaper)
+    async with runtime.background.running():
+        yield Harness(emulator, methods, notifications, logs, clock=clock)

@@ -53,8 +53,10 @@ class Flow:
         return await self.peer.call(method, params, timeout_ms=CALL_TIMEOUT_MS, **extra)
 
     async def acquire(self, *, reuse: bool) -> dict[str, Any]:
+        # A heartbeat run of an execution workspace: with reuse on, its lease is kept.
+        run = {"runId": "run-host", "agentId": "agent-host", "executionWorkspaceId": "ws-host"}
         lease: dict[str, Any] = await self.call(
-            "environmentAcquireLease", {**self.common(reuse=reuse), "runId": "run-host"}
+            "environmentAcquireLease", {**self.common(reuse=reuse), **run}
         )
         return lease
 

@@ -239,8 +239,11 @@ async def poisoned_problem(h: MatrixHarness, scenario: Scenario) -> str | None:
     attempts: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
         ("execute", lambda: h.methods.execute({**scenario.with_lease(), "command": "true"})),
         ("syncIn", lambda: h.methods.sync_in({**scenario.with_lease(), "operations": []})),
-        ("reuse release", lambda: h.methods.release(h.lease_ref(lease, reuseLease=True))),
     ]
+    if lease["metadata"].get("reuseLease") is True:  # a disposable lease is deleted, not kept
+        attempts.append(
+            ("reuse release", lambda: h.methods.release(h.lease_ref(lease, reuseLease=True)))
+        )
     for what, attempt in attempts:
         try:
             await attempt()

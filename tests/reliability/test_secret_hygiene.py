@@ -91,7 +91,8 @@ async def run_flow(host: StdioHost, emulator: Emulator, key: str, tmp_path: Path
     assert excluded.count(key.encode()) == 1  # only normalizedConfig.apiKey
 
     assert (await host.call("environmentProbe", common))["ok"] is True
-    lease = await host.call("environmentAcquireLease", {**common, "runId": "run-1"})
+    run = {"runId": "run-1", "agentId": "agent-1", "executionWorkspaceId": "workspace-1"}
+    lease = await host.call("environmentAcquireLease", {**common, **run})  # reusable
     await host.call("environmentRealizeWorkspace", {**with_lease(common, lease), "workspace": {}})
 
     source = tmp_path / "src"

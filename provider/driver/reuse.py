@@ -1,0 +1,135 @@
+"""The reuse rules: which leases are kept, how our sandboxes are named, which kept ones go.
+
+Pure functions, no I/O (provider-behavior.md 2.3.3, 2.10, 2.13):
+
+- :func:`is_reusable`: at acquire, a lease is reusable only when the environment reuses leases
+  and the acquire names an execution workspace and an agent (only then does the host ever offer
+  it for resume). Probes, login and ad-hoc leases are disposable.
+- :func:`is_keepable`: at release, the sandbox is kept only when the current config still reuses
+  leases and the lease was issued reusable. (The warm window of 2.10 joins this rule later: a
+  lease whose stored window differs from the current one will not be keepable.)
+- :func:`scope_tag` / :func:`name_token`: every create carries ``pc-<scope tag>-<uuid>``, where
+  the tag is derived from company, environment and API origin only (never a secret), so the
+  reaper recognises this environment's sandboxes and nothing else.
+- :func:`select_for_reaping`: which kept sandboxes the reaper deletes: those idle longer than
+  ``reuseMaxIdleSeconds``, then the oldest beyond ``reuseMaxKeptSandboxes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from provider.config import EnvironmentConfig
+from provider.createos.models import SandboxView
+
+TAG_LENGTH: Final = 12
+_UUID: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+def is_reusable(config: EnvironmentConfig, execution_workspace_id: Any, agent_id: Any) -> bool:
+    """True when the lease may be kept at release (2.10.1)."""
+    return config.reuse_lease and _named(execution_workspace_id) and _named(agent_id)
+
+
+def is_keepable(config: EnvironmentConfig, metadata: Mapping[str, Any] | None) -> bool:
+    """True when release keeps the sandbox: current config reuses, lease was issued reusable."""
+    return config.reuse_lease and (metadata or {}).get("reuseLease") is True
+
+
+def _named(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def scope_tag(company_id: str, environment_id: str, api_url: str) -> str:
+    """First 12 lower-case hex digits of sha256(companyId \\n environmentId \\n apiUrl)."""
+    text = f"{company_id}\n{environment_id}\n{api_url}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:TAG_LENGTH]
+
+
+def name_token(tag: str) -> str:
+    """A fresh, unique create name of this scope: ``pc-<tag>-<uuid4>``."""
+    return f"pc-{tag}-{uuid.uuid4()}"
+
+
+def is_ours(name: str | None, tag: str) -> bool:
+    """True for a name :func:`name_token` made with ``tag`` (never ``pc-setup-...``)."""
+    return name is not None and re.fullmatch(f"pc-{re.escape(tag)}-{_UUID}", name) is not None
+
+
+def parse_time(text: object) -> float | None:
+    """An API timestamp (ISO 8601, ``Z`` or an offset; naive = UTC) as epoch seconds; None for
+    anything else."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+@dataclass(frozen=True)
+class ReapChoice:
+    """One kept sandbox the reaper deletes, and why."""
+
+    sandbox_id: str
+    reason: Literal["idle", "over the cap"]
+
+
+@dataclass(frozen=True)
+class _Kept:
+    sandbox_id: str
+    since: float | None  # paused_at, else created_at; None when neither is readable
+
+
+def select_for_reaping(
+    views: Iterable[SandboxView],
+    *,
+    tag: str,
+    now: float,
+    max_idle_seconds: int,
+    max_kept: int,
+    current: str,
+    current_kept: bool,
+) -> list[ReapChoice]:
+    """The kept sandboxes of scope ``tag`` to delete, idle ones first, then oldest first.
+
+    Kept = named :func:`is_ours` with ``tag`` and ``paused``. ``current`` (the lease being
+    acquired or released) is never chosen; when ``current_kept`` it counts toward the cap even
+    if the listing does not show it paused yet. A sandbox without a readable time is never
+    idle and counts as the newest. ``max_idle_seconds`` / ``max_kept`` of 0 mean no bound.
+    """
+    kept: dict[str, _Kept] = {}
+    for view in views:
+        if view.status == "paused" and is_ours(view.name, tag):
+            since = parse_time(view.paused_at)
+            if since is None:
+                since = parse_time(view.created_at)
+            kept.setdefault(view.id, _Kept(view.id, since))
+    if current_kept and current not in kept:
+        kept[current] = _Kept(current, now)
+    chosen: list[ReapChoice] = []
+    survivors: list[_Kept] = []
+    for entry in kept.values():
+        idle = entry.since is not None and now - entry.since > max_idle_seconds
+        if max_idle_seconds > 0 and idle and entry.sandbox_id != current:
+            chosen.append(ReapChoice(entry.sandbox_id, "idle"))
+        else:
+            survivors.append(entry)
+    excess = len(survivors) - max_kept
+    if max_kept > 0 and excess > 0:
+        deletable = sorted(
+            (entry for entry in survivors if entry.sandbox_id != current),
+            key=lambda entry: (math.inf if entry.since is None else entry.since, entry.sandbox_id),
+        )
+        chosen.extend(ReapChoice(entry.sandbox_id, "over the cap") for entry in deletable[:excess])
+    return chosen
