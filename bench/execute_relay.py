@@ -94,6 +94,7 @@ class Run:
     total_bytes: int = 0
     live_chars: int = 0
     chunks: int = 0
+    max_chunk: int = 0  # the longest live chunk (plain: frame), characters
     call_s: float = 0.0  # request sent (plain: process create) -> answer (plain: exit frame)
     live_s: float = 0.0  # first byte -> LIVE_CAP characters delivered
     whole_s: float = 0.0  # first byte -> answer
@@ -121,6 +122,7 @@ class Meter:
     cap_reached: float | None = None
     chars: int = 0
     chunks: int = 0
+    max_chunk: int = 0
 
     def add(self, size: int) -> None:
         now = time.perf_counter()
@@ -128,6 +130,7 @@ class Meter:
             self.first = now
         self.chars += size
         self.chunks += 1
+        self.max_chunk = max(self.max_chunk, size)
         if self.cap_reached is None and self.chars >= LIVE_CAP:
             self.cap_reached = now
 
@@ -211,6 +214,7 @@ async def _plain_run(base_url: str, sandbox_id: str, size: int, reader: str) -> 
     assert meter.first is not None and meter.cap_reached is not None
     run.total_bytes = run.live_chars = meter.chars
     run.chunks = meter.chunks
+    run.max_chunk = meter.max_chunk
     run.call_s = finished - meter.started
     run.live_s = meter.cap_reached - meter.first
     run.whole_s = finished - meter.first
@@ -238,7 +242,13 @@ async def worker_run(
     cpu_after = cpu_seconds(worker_pid)
     if result["exitCode"] != 0 or meter.first is None:
         raise RuntimeError(f"{reader}: the command failed: {result['exitCode']!r}")
-    run = Run(reader, total_bytes=size, live_chars=meter.chars, chunks=meter.chunks)
+    run = Run(
+        reader,
+        total_bytes=size,
+        live_chars=meter.chars,
+        chunks=meter.chunks,
+        max_chunk=meter.max_chunk,
+    )
     run.call_s = end - meter.started
     run.whole_s = end - meter.first
     run.live_s = (meter.cap_reached or end) - meter.first
@@ -263,6 +273,7 @@ def summarize(runs: list[Run], reader: str) -> dict[str, Any]:
         "best_whole_mib_s": round(max(r.whole_mib_s for r in mine), 1),
         "live_chars": mine[-1].live_chars,
         "chunks": mine[-1].chunks,
+        "max_chunk": max(r.max_chunk for r in mine),
     }
     cpus = [r.cpu_s / (r.total_bytes / GIB) for r in mine if r.cpu_s is not None]
     if cpus:
@@ -380,8 +391,8 @@ def _print_run(run: Run) -> None:
     cpu = f", worker cpu {run.cpu_s:.2f} s" if run.cpu_s is not None else ""
     print(
         f"  {run.reader:9} live {run.live_mib_s:7.1f} MiB/s, whole {run.whole_mib_s:7.1f} MiB/s, "
-        f"call {run.call_s:5.2f} s, {run.chunks} chunks{cpu}, this script cpu "
-        f"{run.reader_cpu_s:.2f} s, emulator cpu {run.emulator_cpu_s:.2f} s "
+        f"call {run.call_s:5.2f} s, {run.chunks} chunks (max {run.max_chunk}){cpu}, "
+        f"this script cpu {run.reader_cpu_s:.2f} s, emulator cpu {run.emulator_cpu_s:.2f} s "
         f"+ sandbox {run.sandbox_cpu_s:.2f} s"
         + (f", node cpu {run.node_cpu_s:.2f} s" if run.node_cpu_s is not None else ""),
         file=sys.stderr,

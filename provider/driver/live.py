@@ -11,24 +11,27 @@ chunks that arrive after the reply.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import anyio
 
-from provider.driver.output import LiveBudget, split_chunks
+from provider.driver.output import LIVE_CHUNK_MAX, LiveBudget, LiveQueue
 
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
-QUEUE_CHARS: Final = 4 * 1024 * 1024  # characters waiting for the writer at most (plus one chunk)
+QUEUE_CHARS: Final = 4 * 1024 * 1024  # characters waiting for the writer at most (plus one put)
+PUT_SLICE: Final = LIVE_CHUNK_MAX // 2  # characters queued at a time by one put (<= the bound)
 
 
 class LiveRelay:
     """Queues live output for :meth:`run` to send as ``execute.log`` notifications, in order.
 
-    ``put`` applies the call's :class:`LiveBudget` and the chunk size limit, then waits while
-    ``max_chars`` are already queued. ``run`` returns once :meth:`close` was called and every
-    queued chunk was sent.
+    ``put`` applies the call's :class:`LiveBudget`, queues the text and waits while
+    ``max_chars`` are already queued or being sent. ``run`` sends what is queued as soon as it
+    is there, coalesced: each notification takes the pieces of one stream that piled up while
+    the previous one was being written, up to the host's chunk limit (:class:`LiveQueue`), so
+    a host slow to read gets fewer, bigger messages and a lone piece is never held back.
+    ``run`` returns once :meth:`close` was called and every queued piece was sent.
     """
 
     def __init__(
@@ -37,8 +40,8 @@ class LiveRelay:
         self._notify = notify
         self._budget = budget if budget is not None else LiveBudget()
         self._max_chars = max_chars
-        self._queue: deque[tuple[str, str]] = deque()
-        self._queued_chars = 0
+        self._queue = LiveQueue()
+        self._queued_chars = 0  # queued or in the notification being written
         self._closed = False
         self._changed = anyio.Event()
 
@@ -54,11 +57,13 @@ class LiveRelay:
         """Queue ``text`` (already decoded) of ``stream``; waits while the queue is full."""
         if self._closed:
             raise RuntimeError("the live relay is closed")
-        for chunk in split_chunks(self._budget.admit(text)):
-            while self._queue and self._queued_chars + len(chunk) > self._max_chars:
+        text = self._budget.admit(text)
+        for start in range(0, len(text), PUT_SLICE):
+            piece = text[start : start + PUT_SLICE]
+            while self._queued_chars and self._queued_chars + len(piece) > self._max_chars:
                 await self._changed.wait()
-            self._queue.append((stream, chunk))
-            self._queued_chars += len(chunk)
+            self._queue.push(stream, piece)
+            self._queued_chars += len(piece)
             self._signal()
 
     def close(self) -> None:
@@ -67,12 +72,11 @@ class LiveRelay:
         self._signal()
 
     async def run(self) -> None:
-        """Send the queued chunks in order until closed and drained."""
+        """Send the queued output in order until closed and drained."""
         while True:
-            while self._queue:
-                stream, chunk = self._queue[0]
+            while (taken := self._queue.take()) is not None:
+                stream, chunk = taken
                 await self._notify("execute.log", {"stream": stream, "chunk": chunk})
-                self._queue.popleft()
                 self._queued_chars -= len(chunk)
                 self._signal()
             if self._closed:

@@ -1,16 +1,47 @@
-"""Command output handling: incremental UTF-8 decoding, the bounded tail, live-chunk splitting.
+"""Command output handling: incremental UTF-8 decoding, the bounded tail, live chunks.
 
-Sizes count Python characters (code points); upstream counts UTF-16 units (documented difference).
+The tail counts Python characters (code points); upstream counts UTF-16 units (documented
+difference). Live chunks are bounded the way the host checks them: the manager drops an
+``execute.log`` whose ``chunk.length`` (JavaScript: UTF-16 units) is over 1,000,000, and stops
+delivering once a call's chunks add up to 128 Mi UTF-16 units. A character above U+FFFF is two
+such units, so both live bounds here count UTF-16 units, and chunks are cut between code points.
 """
 
 from __future__ import annotations
 
 import codecs
 from collections import deque
+from typing import Final
 
-DEFAULT_TAIL_LIMIT = 4 * 1024 * 1024  # characters kept per stream (spec 3.7)
-LIVE_CHUNK_MAX = 500_000  # characters per execute.log notification
-LIVE_BUDGET = 128 * 1024 * 1024  # characters of live chunks per execute call
+DEFAULT_TAIL_LIMIT: Final = 4 * 1024 * 1024  # characters kept per stream (spec 3.7)
+LIVE_CHUNK_MAX: Final = 1_000_000  # UTF-16 units per execute.log (the host's own limit)
+LIVE_BUDGET: Final = 128 * 1024 * 1024  # UTF-16 units of live chunks per call (the host's cap)
+
+
+def utf16_len(text: str) -> int:
+    """The length of ``text`` in UTF-16 units (JavaScript's ``length``): astral characters are 2."""
+    if text.isascii():  # O(1) in CPython
+        return len(text)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def utf16_cut(text: str, limit: int, start: int = 0) -> int:
+    """The end of the longest ``text[start:end]`` of at most ``limit`` UTF-16 units.
+
+    Cuts between code points only; ``end == start`` when ``limit`` is below the first
+    character's width (a character above U+FFFF needs 2).
+    """
+    end = min(len(text), start + max(limit, 0))
+    if text.isascii():
+        return end
+    units = utf16_len(text[start:end])
+    while units > limit:
+        # Each character is 1 or 2 units: dropping ``drop`` characters removes at most
+        # 2 * drop units, so fewer than this can never be enough.
+        drop = (units - limit + 1) // 2
+        units -= utf16_len(text[end - drop : end])
+        end -= drop
+    return end
 
 
 class TailBuffer:
@@ -104,32 +135,70 @@ class StreamDecoder:
         return self._decoder.decode(b"", final=True)
 
 
-def split_chunks(text: str, max_len: int = LIVE_CHUNK_MAX) -> list[str]:
-    """Split ``text`` into non-empty pieces of at most ``max_len`` characters.
+class LiveQueue:
+    """Decoded output waiting to be sent live, in arrival order, taken as coalesced chunks.
 
-    Never separates a surrogate pair (only possible in strings not produced by the decoder).
+    :meth:`take` returns the next ``execute.log`` chunk: the front piece merged with the pieces
+    of the same stream right behind it, up to ``max_units`` UTF-16 units (a piece that does not
+    fit whole is cut between code points, its rest stays in front). It never merges across a
+    change of stream, so the order of stdout and stderr stays the order of arrival; whatever is
+    queued goes out at once, a lone piece included (coalescing only gathers what piled up while
+    the previous chunk was being written).
     """
-    if max_len < 2:
-        raise ValueError("max_len must be at least 2")
-    pieces: list[str] = []
-    start = 0
-    end_of_text = len(text)
-    while start < end_of_text:
-        end = min(start + max_len, end_of_text)
-        if (
-            end < end_of_text
-            and "\ud800" <= text[end - 1] <= "\udbff"
-            and "\udc00" <= text[end] <= "\udfff"
-        ):
-            end -= 1
-        pieces.append(text[start:end])
-        start = end
-    return pieces
+
+    def __init__(self, max_units: int = LIVE_CHUNK_MAX) -> None:
+        if max_units < 2:
+            raise ValueError("max_units must be at least 2")
+        self._max_units = max_units
+        self._pieces: deque[tuple[str, str, int]] = deque()  # (stream, text, UTF-16 units)
+        self._chars = 0
+
+    def __len__(self) -> int:
+        """Pieces queued."""
+        return len(self._pieces)
+
+    @property
+    def chars(self) -> int:
+        """Characters (code points) queued."""
+        return self._chars
+
+    def push(self, stream: str, text: str) -> None:
+        if text:
+            self._pieces.append((stream, text, utf16_len(text)))
+            self._chars += len(text)
+
+    def take(self) -> tuple[str, str] | None:
+        """The next chunk as ``(stream, text)``, or None when nothing is queued."""
+        pieces = self._pieces
+        if not pieces:
+            return None
+        stream = pieces[0][0]
+        parts: list[str] = []
+        room = self._max_units
+        while pieces and pieces[0][0] == stream and room > 0:
+            _, text, units = pieces[0]
+            if units <= room:
+                pieces.popleft()
+                parts.append(text)
+                room -= units
+                continue
+            end = utf16_cut(text, room)
+            if end == 0:  # only a 2-unit character would fit in 1 unit: end the chunk here
+                break
+            head = text[:end]
+            head_units = utf16_len(head)
+            pieces[0] = (stream, text[end:], units - head_units)
+            parts.append(head)
+            break
+        chunk = parts[0] if len(parts) == 1 else "".join(parts)
+        self._chars -= len(chunk)
+        return stream, chunk
 
 
 class LiveBudget:
-    """Caps the live output of one execute call at ``limit`` characters; later output stays only
-    in the tail buffers (a command printing gigabytes must not flood the host)."""
+    """Caps the live output of one execute call at ``limit`` UTF-16 units (the host's own count);
+    later output stays only in the tail buffers (a command printing gigabytes must not flood
+    the host, and a chunk past the host's cap would be dropped there)."""
 
     def __init__(self, limit: int = LIVE_BUDGET) -> None:
         self._limit = limit
@@ -137,12 +206,16 @@ class LiveBudget:
         self._exhausted = False
 
     def admit(self, text: str) -> str:
-        """The part of ``text`` that may still be sent live (possibly empty)."""
+        """The part of ``text`` that may still be sent live (possibly empty; whole characters)."""
+        if self._exhausted:
+            return ""
         remaining = self._limit - self._sent
-        if len(text) > remaining:
+        units = utf16_len(text)
+        if units > remaining:
             self._exhausted = True
-            text = text[: max(remaining, 0)]
-        self._sent += len(text)
+            text = text[: utf16_cut(text, remaining)]
+            units = utf16_len(text)
+        self._sent += units
         return text
 
     @property
@@ -152,4 +225,5 @@ class LiveBudget:
 
     @property
     def sent(self) -> int:
+        """UTF-16 units admitted so far."""
         return self._sent

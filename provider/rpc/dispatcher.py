@@ -11,6 +11,9 @@ logged).
 Shutdown (the ``shutdown`` request, stdin EOF or :meth:`Dispatcher.stop` from a signal handler)
 runs one bounded cleanup: ``on_shutdown()`` (the driver aborts its work), then the remaining
 request tasks are cancelled, then ``shutdown`` gets its ``null`` reply and :meth:`serve` returns.
+
+A reply is written whole however long the host takes to read it (an execute result can be tens
+of MiB): only the shutdown, once its budget is spent, stops waiting on replies still going out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -28,6 +32,7 @@ import anyio.abc
 
 from provider.errors import InvalidParams, ProviderError
 from provider.rpc import wire
+from provider.rpc.calllog import CallLog
 from provider.rpc.handshake import ENVIRONMENT_METHOD_ORDER, supported_methods
 from provider.rpc.stdio import LineReader
 
@@ -73,7 +78,7 @@ SDK_OPTIONAL_METHODS: Final = frozenset(
 
 SHUTDOWN_BUDGET_S: Final = 8.0  # on_shutdown + cancelling the remaining request tasks
 CANCEL_GRACE_S: Final = 1.0  # part of the budget kept for the cancelled request tasks
-REPLY_BUDGET_S: Final = 1.0  # writing the shutdown reply
+REPLY_BUDGET_S: Final = 1.0  # writing the shutdown reply, or a reply once the shutdown cut them
 
 _invocation_id: ContextVar[str | None] = ContextVar("paperclip_invocation_id", default=None)
 
@@ -155,6 +160,9 @@ class Dispatcher:
         self._stopped: anyio.Event | None = None
         self._host_ids = itertools.count(1)
         self._host_calls: dict[wire.RequestId, MemoryObjectSendStream[wire.Response]] = {}
+        self._call_log = CallLog.from_environment()
+        self._replying: set[anyio.CancelScope] = set()  # replies being written
+        self._replies_cut = False
 
     # --- serving -----------------------------------------------------------------------------
 
@@ -222,6 +230,7 @@ class Dispatcher:
         self, key: int, scope: anyio.CancelScope, request: wire.Request
     ) -> None:
         _invocation_id.set(request.invocation_id)
+        arrived = time.monotonic()
         try:
             response: dict[str, Any] | None = None
             with scope:
@@ -232,8 +241,16 @@ class Dispatcher:
                     wire.WORKER_ERROR,
                     f"{request.method} was cancelled: the worker is shutting down",
                 )
-            with anyio.CancelScope(shield=True), anyio.move_on_after(REPLY_BUDGET_S):
-                await self._send_reply(response)
+            reply_scope = self._reply_scope()
+            try:
+                with reply_scope:
+                    await self._send_reply(response)
+                    if self._call_log is not None:
+                        await self._call_log.record(
+                            request.method, arrived, "error" not in response
+                        )
+            finally:
+                self._replying.discard(reply_scope)
         finally:
             del self._active[key]
             if not self._active and self._idle is not None:
@@ -268,6 +285,29 @@ class Dispatcher:
             code, text = error_for_exception(method, exc)
             return wire.error_message(request.id, code, text)
         return wire.result_message(request.id, result)
+
+    def _reply_scope(self) -> anyio.CancelScope:
+        """The scope a request's reply is written in.
+
+        Shielded from the shutdown's cancellation of the request, and with no time limit while
+        serving: a result of tens of MiB takes the host a while to read, and a reply cut off
+        by a deadline would never arrive. Only the shutdown bounds it (:meth:`_cut_replies`).
+        """
+        scope = anyio.CancelScope(shield=True)
+        if self._replies_cut:
+            scope.deadline = anyio.current_time() + REPLY_BUDGET_S
+        self._replying.add(scope)
+        return scope
+
+    def _cut_replies(self) -> None:
+        """The shutdown budget is spent: stop waiting on replies the host is not reading.
+
+        A reply cut while it is being written is not lost half-way: the send stream writes the
+        rest before the next line (the shutdown reply), within that line's own budget.
+        """
+        self._replies_cut = True
+        for scope in self._replying:
+            scope.cancel()
 
     def _handler_for(self, method: str) -> Handler | None:
         builtin = {
@@ -338,6 +378,7 @@ class Dispatcher:
             with anyio.CancelScope(shield=True):
                 with anyio.move_on_after(SHUTDOWN_BUDGET_S):
                     await self._cleanup()
+                self._cut_replies()
                 if reply_to is not None:
                     with anyio.move_on_after(REPLY_BUDGET_S):
                         await self._send_reply(wire.result_message(reply_to, None))

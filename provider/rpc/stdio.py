@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+from collections import deque
 from typing import Final
 
 import anyio
@@ -100,7 +101,14 @@ class PrefixedReceiveStream(anyio.abc.ByteReceiveStream):
 
 
 class FdSendStream(anyio.abc.ByteSendStream):
-    """Writes bytes to a file descriptor (the private protocol fd); each send writes it all.
+    """Writes bytes to a file descriptor (the private protocol fd); each item goes out whole.
+
+    An item handed to :meth:`send` is owned by the stream from then on: it is written whole and
+    in order even when that send is cancelled while it waits for the reader (the host) to make
+    room. The unwritten rest of a cancelled send stays queued and goes out first, before the
+    item of the next send, so a cancellation can delay a line but never cut one short (a cut
+    line would glue itself to the next one and the host would drop both as unparseable). One
+    sender at a time: the dispatcher's writer lock serializes the sends.
 
     A pipe is grown to :data:`PIPE_SIZE` when the system allows it, so a live-output line of a
     few hundred KiB goes out in one write instead of a wake-up per 64 KiB.
@@ -114,30 +122,52 @@ class FdSendStream(anyio.abc.ByteSendStream):
             os.set_blocking(fd, False)
             _grow_pipe(fd)
         self._closed = False
+        self._broken = False
+        self._unwritten: deque[memoryview] = deque()  # items (or their rests) not yet written
+
+    @property
+    def unwritten(self) -> int:
+        """Bytes handed to :meth:`send` and not written yet (the rest of a cancelled send)."""
+        return sum(len(view) for view in self._unwritten)
 
     async def send(self, item: bytes) -> None:
         if self._closed:
             raise anyio.ClosedResourceError
-        view = memoryview(item)
+        if self._broken:
+            raise anyio.BrokenResourceError
+        if item:
+            self._unwritten.append(memoryview(item))
         try:
-            while view:
-                if self._pollable:
-                    try:
-                        written = os.write(self._fd, view)
-                    except BlockingIOError:
-                        await anyio.wait_writable(self._fd)
-                        continue
-                else:
-                    from anyio import to_thread
-
-                    written = await to_thread.run_sync(os.write, self._fd, view)
-                view = view[written:]
+            await self._write_unwritten()
         except OSError as exc:  # EPIPE and friends: the reader is gone
+            self._broken = True
+            self._unwritten.clear()
             raise anyio.BrokenResourceError from exc
+
+    async def _write_unwritten(self) -> None:
+        queue = self._unwritten
+        while queue:
+            view = queue[0]
+            if self._pollable:
+                try:
+                    written = os.write(self._fd, view)
+                except BlockingIOError:
+                    await anyio.wait_writable(self._fd)  # a cancellation here keeps the rest
+                    continue
+            else:
+                from anyio import to_thread  # lazily: only for terminals and files
+
+                # Not abandoned on cancellation: the count of bytes written is always known.
+                written = await to_thread.run_sync(os.write, self._fd, view)
+            if written < len(view):
+                queue[0] = view[written:]
+            else:
+                queue.popleft()
 
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._unwritten.clear()
             if self._pollable and self._was_blocking:
                 os.set_blocking(self._fd, True)
 

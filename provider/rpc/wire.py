@@ -1,13 +1,18 @@
-"""JSON-RPC 2.0 wire format: codes, ASCII-safe encoding, decoding and classification by shape.
+"""JSON-RPC 2.0 wire format: codes, UTF-8 encoding, decoding and classification by shape.
 
-One JSON text per line each way. Outgoing lines are pure ASCII (non-ASCII characters become
-``\\uXXXX`` escapes, surrogate pairs above U+FFFF) so nothing depends on the worker's locale.
+One JSON text per line each way. Outgoing lines are UTF-8 JSON as msgspec writes it: non-ASCII
+text goes out as its UTF-8 bytes, not as ``\\uXXXX`` escapes, because the host's line reader
+(node:readline on the worker's stdout) decodes UTF-8 and counts its line limit in UTF-16 units
+after decoding: an escaped character costs 6 (12 for one above U+FFFF) of those units and six
+to twelve bytes of pipe, its UTF-8 form one or two units and two to four bytes. Nothing depends
+on the worker's locale either way (bytes are written, never text). Control characters, ``"``
+and ``\\`` are escaped, so CR and LF never occur inside a line. msgspec refuses lone
+surrogates (``UnicodeEncodeError``), so a line is always valid UTF-8.
 Incoming lines are decoded with msgspec, then classified by *shape*, never by id value.
 """
 
 from __future__ import annotations
 
-import codecs
 from typing import Any, Final
 
 import msgspec
@@ -29,37 +34,16 @@ INVOCATION_SCOPE_DENIED: Final = -32005
 RequestId = int | str
 
 
-def _json_ascii_escape(exc: UnicodeError) -> tuple[str, int]:
-    """Codec error handler: replace unencodable characters by JSON ``\\u`` escapes."""
-    if not isinstance(exc, UnicodeEncodeError):
-        raise exc
-    pieces: list[str] = []
-    for char in exc.object[exc.start : exc.end]:
-        code = ord(char)
-        if code > 0xFFFF:
-            code -= 0x10000
-            pieces.append(f"\\u{0xD800 | (code >> 10):04x}\\u{0xDC00 | (code & 0x3FF):04x}")
-        else:
-            pieces.append(f"\\u{code:04x}")
-    return "".join(pieces), exc.end
-
-
-_ESCAPE_HANDLER: Final = "paperclip-json-ascii"
-codecs.register_error(_ESCAPE_HANDLER, _json_ascii_escape)
-
 _encoder: Final = msgspec.json.Encoder()
 
 
 def encode_line(message: Any) -> bytes:
-    """One message as an ASCII JSON line ending in ``\\n``.
+    """One message as a UTF-8 JSON line ending in ``\\n`` (no other CR or LF in it).
 
     Raises ``TypeError``/``ValueError``/``UnicodeEncodeError`` when the message holds something
     JSON cannot carry (an unsupported type, a lone surrogate).
     """
-    data = _encoder.encode(message)
-    if not data.isascii():
-        data = data.decode("utf-8").encode("ascii", _ESCAPE_HANDLER)
-    return data + b"\n"
+    return _encoder.encode(message) + b"\n"
 
 
 # --- incoming messages -----------------------------------------------------------------------

@@ -193,7 +193,7 @@ async def test_unencodable_result_becomes_an_error_reply() -> None:
         assert (await host.request("health", {}))["result"] == {"status": "ok"}
 
 
-async def test_output_is_ascii_and_round_trips_non_ascii_text() -> None:
+async def test_output_is_utf8_and_round_trips_non_ascii_text() -> None:
     text = "héllo ✓ 😀 \u2028 end"
 
     async def give(params: dict[str, Any]) -> dict[str, str]:
@@ -203,7 +203,22 @@ async def test_output_is_ascii_and_round_trips_non_ascii_text() -> None:
         await host.initialize()
         reply = await host.request("environmentProbe", {})
         assert reply["result"]["text"] == text
-        assert all(line.isascii() for line in host.raw_lines)
+        assert any(text.encode() in line for line in host.raw_lines)
+        for line in host.raw_lines:
+            line.decode("utf-8")  # strict
+
+
+async def test_a_result_with_a_lone_surrogate_becomes_an_error_reply_not_bad_utf8() -> None:
+    async def odd(params: dict[str, Any]) -> dict[str, str]:
+        return {"path": "caf\udce9"}  # what os.fsdecode makes of a non-UTF-8 file name
+
+    async with serving(Dispatcher({"environmentProbe": odd})) as host:
+        await host.initialize()
+        reply = await host.request("environmentProbe", {})
+        assert reply["error"]["code"] == -32002
+        assert (await host.request("health", {}))["result"] == {"status": "ok"}
+        for line in host.raw_lines:
+            line.decode("utf-8")  # strict: every line the host got is valid UTF-8
 
 
 async def test_unknown_host_notifications_are_ignored() -> None:

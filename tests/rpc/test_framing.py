@@ -1,4 +1,4 @@
-"""Line framing (no length cap, LF/CRLF, blank lines) and the ASCII-safe encoder."""
+"""Line framing (no length cap, LF/CRLF, blank lines) and the UTF-8 encoder."""
 
 from __future__ import annotations
 
@@ -47,25 +47,47 @@ async def test_a_line_far_above_64_kib_arrives_whole() -> None:
     assert lines == [big, b"next"]
 
 
-def test_encoded_lines_are_ascii_single_lines_and_round_trip() -> None:
-    message = {"s": "a\nb é 😀 \u2028 \x00 \\u00e9", "n": [1, 2.5, None, True]}
-    line = wire.encode_line(message)
+def _check_line(line: bytes) -> str:
+    """A line as the host reads it: valid UTF-8, one LF at the end, no CR anywhere."""
     assert line.endswith(b"\n")
     assert line.count(b"\n") == 1
-    assert line.isascii()
-    assert json.loads(line) == message
+    assert b"\r" not in line
+    return line.decode("utf-8")  # strict: raises on anything that is not UTF-8
+
+
+def test_encoded_lines_are_utf8_single_lines_and_round_trip() -> None:
+    message = {"s": "a\nb\r é € 😀 \u2028\u2029\x85 \x00\x1f \\u00e9", "n": [1, 2.5, None, True]}
+    line = wire.encode_line(message)
+    text = _check_line(line)
+    assert json.loads(text) == message
+    # Non-ASCII text goes out as its UTF-8 bytes, not as \\u escapes (2-3x shorter).
+    assert "é € 😀".encode() in line
+    assert b"\\u20ac" not in line and b"\\ud83d" not in line
+
+
+def test_a_result_of_4_mi_astral_characters_per_stream_is_one_compact_line() -> None:
+    big = "😀" * (4 * 1024 * 1024)
+    line = wire.encode_line(wire.result_message(7, {"stdout": big, "stderr": big}))
+    # 4 bytes per character, where \\ud83d\\ude00 escapes took 12: 32 MiB instead of 96 MiB.
+    assert len(line) < 2 * 4 * len(big) + 100
+    assert json.loads(_check_line(line))["result"]["stderr"] == big
+
+
+def test_lone_surrogates_are_refused_never_written() -> None:
+    for text in ("\ud800", "a\udc00b", "\ud83d\ude00"):  # the last: a pair as 2 code points
+        with pytest.raises(UnicodeEncodeError):
+            wire.encode_line({"t": text})
 
 
 @given(st.text())
-def test_any_text_round_trips_through_the_ascii_encoder(text: str) -> None:
+def test_any_text_round_trips_through_the_utf8_encoder(text: str) -> None:
     try:
         line = wire.encode_line({"t": text})
     except (UnicodeEncodeError, ValueError, TypeError):
         # lone surrogates cannot be UTF-8 encoded; the dispatcher turns this into an error reply
         assert any(0xD800 <= ord(ch) <= 0xDFFF for ch in text)
         return
-    assert line.isascii()
-    assert json.loads(line) == {"t": text}
+    assert json.loads(_check_line(line)) == {"t": text}
 
 
 @pytest.mark.parametrize(
