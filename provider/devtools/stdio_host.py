@@ -128,7 +128,10 @@ class StdioHost:
             elif self.stderr_target == "inherit":
                 err = None
             started = time.perf_counter()
-            process = await anyio.to_thread.run_sync(self._spawn, err)
+            # Forked from the loop thread, never from a pool thread: the worker's
+            # PR_SET_PDEATHSIG fires when the *thread* that forked it exits, and anyio retires
+            # idle pool threads after 10 s (which SIGTERMed the worker mid-run).
+            process = self._spawn(err)
             self._process = process
             stack.callback(_close_pipes, process)
             assert process.stdin is not None and process.stdout is not None

@@ -1,8 +1,10 @@
 """Run one command as a CreateOS managed process (provider-behavior.md section 3).
 
-The command runs as an argv inside a bash wrapper that waits for a start gate file, so nothing
-is printed before the output stream is attached. Stdin is staged as a file before the process is
-created. Output is followed frame by frame, decoded per stream, sent live through ``on_output``
+The command runs as an argv inside a bash wrapper that waits for EOF on its stdin (the start
+gate), so nothing is printed before the output stream is attached: create, connect, close is the
+whole sequence (3 requests). Stdin up to 256 KiB travels through ``/input`` before the close (4
+requests); larger stdin is staged as a file before the process is created (4 requests).
+Output is followed frame by frame, decoded per stream, sent live through ``on_output``
 and kept as a bounded tail. Whatever ends the command early (deadline, cancellation, a protocol
 failure) kills the whole remote process tree under a fresh, shielded deadline; if that kill (or
 the creation itself) cannot be confirmed, :class:`CleanupUnconfirmed` replaces the outcome and
@@ -20,12 +22,12 @@ from typing import Any, Protocol
 
 import anyio
 
-from provider.createos.client import CreateOSClient
+from provider.createos.client import MAX_INPUT_BYTES, CreateOSClient
 from provider.createos.errors import APIStatusError, Conflict, NotFound
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.driver.output import StreamDecoder, TailBuffer
-from provider.driver.shell import build_wrapper_script, validate_env
+from provider.driver.shell import StdinMode, build_wrapper_script, validate_env
 from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError
 
 OutputSink = Callable[[str, str], Awaitable[None]]
@@ -39,7 +41,7 @@ class ProcessRecord(Protocol):
     async def ended(self, process_id: str) -> None: ...
 
 
-GATE_POLL_SECONDS = 0.05
+GATE_SLACK_SECONDS = 20  # the start gate's bounded wait: the command timeout plus this
 KILL_GRACE_MS = 1000
 MAX_TIMEOUT_MS = 86_400_000
 
@@ -119,27 +121,31 @@ async def run_command(
 ) -> dict[str, Any]:
     """Run ``spec`` to completion or deadline; see the module docstring for the guarantees."""
     check_command(spec)
-    token = uuid.uuid4().hex
-    gate = f"/tmp/paperclip-start-{token}"
-    stdin_path = f"/tmp/paperclip-stdin-{token}" if spec.stdin is not None else None
+    stdin = spec.stdin.encode("utf-8") if spec.stdin else b""
+    stdin_path: str | None = None
+    mode: StdinMode = "none"
+    if len(stdin) > MAX_INPUT_BYTES:
+        mode, stdin_path = "file", f"/tmp/paperclip-stdin-{uuid.uuid4().hex}"
+    elif stdin:
+        mode = "pipe"
     script = build_wrapper_script(
         command=spec.command,
         args=spec.args,
         env=spec.env,
         cwd=spec.cwd,
-        gate_path=gate,
-        gate_limit=math.ceil(spec.timeout / GATE_POLL_SECONDS) + 20,
+        gate_seconds=math.ceil(spec.timeout) + GATE_SLACK_SECONDS,
+        stdin=mode,
         stdin_path=stdin_path,
     )
     run = _Run()
     try:
         with anyio.move_on_after(spec.timeout) as timer:
             await _start_and_follow(
-                client, sandbox_id, spec, script, gate, stdin_path, run, on_output, record
+                client, sandbox_id, spec, script, stdin, stdin_path, run, on_output, record
             )
         await run.flush(on_output)
     finally:
-        await _cleanup(client, sandbox_id, run, gate, stdin_path, cleanup_timeout, record)
+        await _cleanup(client, sandbox_id, run, stdin_path, cleanup_timeout, record)
     if run.exit is None:
         assert timer.cancelled_caught
         return {
@@ -164,14 +170,15 @@ async def _start_and_follow(
     sandbox_id: str,
     spec: CommandSpec,
     script: str,
-    gate: str,
+    stdin: bytes,
     stdin_path: str | None,
     run: _Run,
     on_output: OutputSink | None,
     record: ProcessRecord | None,
 ) -> None:
-    if stdin_path is not None and spec.stdin is not None:
-        await client.put_file(sandbox_id, stdin_path, spec.stdin.encode("utf-8"))
+    """Requests: [PUT staged stdin,] create, connect, [input,] stdin close (3.3)."""
+    if stdin_path is not None:
+        await client.put_file(sandbox_id, stdin_path, stdin)
     run.creation_unknown = True
     try:
         view = await client.create_process(
@@ -187,9 +194,11 @@ async def _start_and_follow(
         await record.started(view.process_id)
 
     async def open_gate() -> None:
+        """The stream is open: deliver small stdin, then EOF, which starts the command."""
+        if stdin and stdin_path is None:
+            await client.write_input(sandbox_id, view.process_id, stdin)
         with contextlib.suppress(Conflict, NotFound):
             await client.close_stdin(sandbox_id, view.process_id)
-        await client.put_file(sandbox_id, gate, b"")
 
     frames = follow_process_output(client, sandbox_id, view.process_id, on_open=open_gate)
     async with contextlib.aclosing(frames):  # close the stream at once when stopped early
@@ -204,12 +213,13 @@ async def _cleanup(
     client: CreateOSClient,
     sandbox_id: str,
     run: _Run,
-    gate: str,
     stdin_path: str | None,
     cleanup_timeout: float,
     record: ProcessRecord | None,
 ) -> None:
-    """Kill the tree if it may still run, then remove the gate and stdin files (3.8)."""
+    """Kill the tree if it may still run (3.8). A command that ran stages nothing that outlives
+    it (the wrapper unlinks its stdin file first thing), so only a staged stdin file whose
+    command may never have started is removed here, by one more request."""
     confirmed = not run.creation_unknown
     with anyio.CancelScope(shield=True):
         with anyio.move_on_after(cleanup_timeout):
@@ -218,10 +228,9 @@ async def _cleanup(
                 confirmed = await _kill_tree(client, sandbox_id, run.process_id)
             if confirmed and record is not None and run.process_id is not None:
                 await record.ended(run.process_id)
-        with anyio.move_on_after(cleanup_timeout):
-            leftovers = [gate] + ([stdin_path] if stdin_path else [])
-            with contextlib.suppress(ProviderError):
-                await client.exec(sandbox_id, "/bin/rm", ["-f", "--", *leftovers])
+        if stdin_path is not None and run.exit is None:
+            with anyio.move_on_after(cleanup_timeout), contextlib.suppress(ProviderError):
+                await client.exec(sandbox_id, "/bin/rm", ["-f", "--", stdin_path])
     if not confirmed:
         if run.process_id is None:
             raise CleanupUnconfirmed(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from provider.errors import RequestRefused
 
@@ -51,17 +52,31 @@ def _show_name(name: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+StdinMode = Literal["none", "pipe", "file"]
+
+
 def build_wrapper_script(
     *,
     command: str,
     args: Sequence[str],
     env: Mapping[str, str],
     cwd: str | None,
-    gate_path: str,
-    gate_limit: int,
-    stdin_path: str | None,
+    gate_seconds: int,
+    stdin: StdinMode = "none",
+    stdin_path: str | None = None,
 ) -> str:
-    """The bash script of spec 3.2 (start gate, optional cd, exec env ... argv [< stdin]).
+    """The bash script of spec 3.2: wait for EOF on stdin (the start gate), optional cd, then
+    ``exec env ... argv`` with the command's own stdin.
+
+    The process's stdin pipe is the gate: the worker closes it once the output stream is open,
+    so the command never starts before a reader is attached. The wait is bounded by
+    ``gate_seconds`` (then exit 125). ``stdin`` says where the command's input comes from:
+
+    - ``"none"``: ``/dev/null``;
+    - ``"pipe"``: the bytes written to the process's stdin before the close are drained into an
+      already-unlinked temp file (nothing is left in the sandbox whatever happens next), which
+      becomes the command's stdin;
+    - ``"file"``: the file staged at ``stdin_path`` is opened and unlinked first thing.
 
     Raises RequestRefused for an empty command or NUL in command, args or cwd, and for a bad env
     (via :func:`validate_env`). A command starting with ``-`` or holding ``=`` cannot be named
@@ -80,13 +95,24 @@ def build_wrapper_script(
     if cwd is not None and "\0" in cwd:
         raise RequestRefused("cwd contains a NUL character")
     checked_env = validate_env(env)
-    if isinstance(gate_limit, bool) or not isinstance(gate_limit, int) or gate_limit < 0:
-        raise ValueError("gate_limit must be a non-negative integer")
+    if isinstance(gate_seconds, bool) or not isinstance(gate_seconds, int) or gate_seconds < 1:
+        raise ValueError("gate_seconds must be a positive integer")
+    if (stdin == "file") != (stdin_path is not None):
+        raise ValueError("stdin_path goes with stdin='file' only")
 
-    lines = [
-        f'g={quote(gate_path)}; n=0; while [ ! -e "$g" ]; do n=$((n+1)); '
-        f'[ "$n" -gt {gate_limit} ] && exit 125; sleep 0.05; done'
-    ]
+    lines = []
+    if stdin == "file" and stdin_path is not None:
+        path = quote(stdin_path)
+        lines.append(f"exec 4<{path} && rm -f -- {path} || exit 125")
+    elif stdin == "pipe":
+        lines.append(
+            't=$(mktemp /tmp/paperclip-stdin-XXXXXXXXXX) && exec 3>"$t" 4<"$t" '
+            '&& rm -f -- "$t" || exit 125'
+        )
+    drain = ">&3" if stdin == "pipe" else ">/dev/null"
+    lines.append(f"timeout {gate_seconds} cat {drain} || exit 125")
+    if stdin == "pipe":
+        lines.append("exec 3>&-")
     if cwd is not None:
         lines.append(f"cd -- {quote(cwd)} || exit")
     words = ["exec", "env"]
@@ -95,10 +121,8 @@ def build_wrapper_script(
         words.extend(["/bin/bash", "-c", quote('exec -- "$0" "$@"')])
     words.append(quote(command))
     words.extend(quote(arg) for arg in args)
-    exec_line = " ".join(words)
-    if stdin_path is not None:
-        exec_line += f" < {quote(stdin_path)}"
-    lines.append(exec_line)
+    words.append("</dev/null" if stdin == "none" else "<&4 4<&-")
+    lines.append(" ".join(words))
     return "\n".join(lines)
 
 

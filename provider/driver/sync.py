@@ -8,6 +8,7 @@ files API between host temp files and sandbox scratch files, and a guarded contr
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -19,7 +20,7 @@ from typing import Any
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.driver import shell
+from provider.driver import shell, sync_steps
 from provider.driver.archive import build_directory_archive, extract_archive
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
@@ -71,17 +72,38 @@ class SyncSession:
     async def sync_in(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
         results = []
         for op in operations:
-            files = transferred = 0
+            results.append(await self._sync_in_operation(op))
+        return results
+
+    async def _sync_in_operation(self, op: PlannedOperation) -> dict[str, Any]:
+        """Upload every mapping, then place them and run the post-upload commands in one
+        sandbox command (provider.driver.sync_steps); scratch files left by a failure before
+        that command ran are removed here."""
+        scratches: list[str] = []
+        steps: list[sync_steps.Step] = []
+        files = transferred = 0
+        placed = False
+        try:
             for mapping in op.mappings:
-                count, size = await self._upload(mapping)
+                scratch = f"/tmp/paperclip-createos-transfer-{uuid.uuid4().hex}"
+                scratches.append(scratch)
+                count, size, text = await self._upload(mapping, scratch)
+                steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
                 files, transferred = files + count, transferred + size
             for command in op.post_upload:
-                await self._control(shell.guard_snippet(command.cwd), "The post-upload cwd check")
-                await self._run(
-                    command.command, command.cwd, command.timeout, "A post-upload command"
+                budget = command.timeout if command.timeout is not None else math.inf
+                remaining = anyio.current_effective_deadline() - anyio.current_time()
+                steps += sync_steps.post_upload_steps(
+                    command.command, command.cwd, min(budget, remaining)
                 )
-            results.append(_result(op, files, transferred))
-        return results
+            if steps:
+                await self._run_steps(steps, scratches)
+            placed = True
+        finally:
+            if not placed:
+                for scratch in scratches:
+                    await self._remove_scratch(scratch)
+        return _result(op, files, transferred)
 
     async def sync_out(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
         results = []
@@ -95,8 +117,8 @@ class SyncSession:
 
     # -- inbound -----------------------------------------------------------------------------
 
-    async def _upload(self, mapping: FileMapping) -> tuple[int, int]:
-        scratch = f"/tmp/paperclip-createos-transfer-{uuid.uuid4().hex}"
+    async def _upload(self, mapping: FileMapping, scratch: str) -> tuple[int, int, str]:
+        """PUT one mapping to ``scratch``; answers (files, bytes, the placement text)."""
         workdir = await self._new_workdir(None)
         try:
             if mapping.kind == "directory":
@@ -116,15 +138,13 @@ class SyncSession:
                 files, mode = 1, host_mode if mapping.mode is None else mapping.mode
             size = (await anyio.to_thread.run_sync(os.stat, data)).st_size
             await self._put_with_progress(scratch, data, size, mapping)
-            if mapping.kind == "directory":
-                script = shell.syncin_dir_command(scratch, mapping.sandbox_path, mode)
-            else:
-                script = shell.syncin_file_command(scratch, mapping.sandbox_path, mode)
-            await self._control(script, f"Placing {mapping.sandbox_path}")
-            return files, size
         finally:
             await self._drop_workdir(workdir)
-            await self._remove_scratch(scratch)
+        if mapping.kind == "directory":
+            text = shell.syncin_dir_command(scratch, mapping.sandbox_path, mode)
+        else:
+            text = shell.syncin_file_command(scratch, mapping.sandbox_path, mode)
+        return files, size, text
 
     async def _put_with_progress(
         self, scratch: str, data: Path, size: int, mapping: FileMapping
@@ -228,9 +248,28 @@ class SyncSession:
         await self._run(script, ROOT, None, what)
 
     async def _run(self, script: str, cwd: str, limit: float | None, what: str) -> None:
+        result = await self._command(script, cwd, limit)
+        if result["timedOut"]:
+            raise TransferError(f"{what} timed out in the sandbox.")
+        if result["exitCode"] != 0:
+            raise TransferError(_failure(what, result, result["stderr"]))
+
+    async def _run_steps(self, steps: list[sync_steps.Step], scratches: list[str]) -> None:
+        """One sandbox command for the steps of an inbound operation; errors name the step."""
+        result = await self._command(sync_steps.operation_script(steps, scratches), ROOT, None)
+        if not result["timedOut"] and result["exitCode"] == 0:
+            return
+        failed = sync_steps.failed_step(steps, result["stderr"])
+        label = failed.label if failed is not None else "Placing the uploaded files"
+        if result["timedOut"] or (failed is not None and failed.timed_out):
+            raise TransferError(f"{label} timed out in the sandbox.")
+        detail = failed.detail if failed is not None else result["stderr"]
+        raise TransferError(_failure(label, result, detail))
+
+    async def _command(self, script: str, cwd: str, limit: float | None) -> dict[str, Any]:
         remaining = anyio.current_effective_deadline() - anyio.current_time()
         budget = remaining if limit is None else min(limit, remaining)
-        result = await run_command(
+        return await run_command(
             self.client,
             self.sandbox_id,
             CommandSpec(
@@ -240,14 +279,6 @@ class SyncSession:
             cleanup_timeout=self.cleanup_timeout,
             record=self.record,
         )
-        if result["timedOut"]:
-            raise TransferError(f"{what} timed out in the sandbox.")
-        if result["exitCode"] != 0:
-            detail = result["stderr"].strip()[-300:]
-            code = result["exitCode"] if result["exitCode"] is not None else result.get("signal")
-            raise TransferError(
-                f"{what} failed in the sandbox (exit {code})" + (f": {detail}" if detail else ".")
-            )
 
     async def _remove_scratch(self, scratch: str) -> None:
         with (
@@ -256,6 +287,12 @@ class SyncSession:
             contextlib.suppress(ProviderError),
         ):
             await self.client.exec(self.sandbox_id, "/bin/rm", ["-f", "--", scratch])
+
+
+def _failure(what: str, result: dict[str, Any], stderr: str) -> str:
+    detail = stderr.strip()[-300:]
+    code = result["exitCode"] if result["exitCode"] is not None else result.get("signal")
+    return f"{what} failed in the sandbox (exit {code})" + (f": {detail}" if detail else ".")
 
 
 def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import anyio
 import httpx
 import pytest
 
+from provider.driver.output import LIVE_CHUNK_MAX
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 
@@ -79,21 +80,85 @@ async def test_process_request_is_bash_with_cwd_and_no_env_field(harness: Harnes
     (process,) = answer.json()["data"]["processes"]
     assert process["cmd"] == "/bin/bash" and process["args"][0] == "-lc"
     assert process["cwd"] == "/paperclip-workspace"
+    assert "s3cret" in process["args"][1]  # per-command variables travel inside the script
     assert all("/input" not in r["path"] for r in await process_requests(h))
 
 
-async def test_stdin_is_staged_fed_and_closed(harness: Harness) -> None:
+async def _requests_of(h: Harness, lease: dict[str, Any], *args: str, **extra: Any) -> Any:
+    """Run one command; answer (its result, the (method, path tail) of every request it made)."""
+    seen = max([0, *(r["seq"] for r in await h.emulator.admin.requests())])
+    result = await run(h, lease, *args, **extra)
+    prefix = f"/v1/sandboxes/{lease['providerLeaseId']}"
+    made = [
+        (r["method"], r["path"].removeprefix(prefix))
+        for r in await h.emulator.admin.requests(since=seen)
+    ]
+    return result, made
+
+
+def _shape(made: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Requests with process ids replaced, so sequences compare."""
+    out = []
+    for method, path in made:
+        parts = ["{pid}" if p.startswith("proc_") else p for p in path.split("/")]
+        out.append((method, "/".join(parts)))
+    return out
+
+
+async def test_a_command_costs_three_requests_and_four_with_stdin(harness: Harness) -> None:
     h = harness
     lease = await h.acquire()
+    result, made = await _requests_of(h, lease, "echo", "hi")
+    assert result["stdout"] == "hi\n" and result["exitCode"] == 0
+    assert _shape(made) == [
+        ("POST", "/processes"),
+        ("GET", "/processes/{pid}/connect"),
+        ("POST", "/processes/{pid}/stdin/close"),
+    ]
     text = "line one\nzwei €\n" * 1000
-    result = await run(h, lease, "cat", stdin=text)
+    result, made = await _requests_of(h, lease, "cat", stdin=text)
     assert result["stdout"] == text
+    assert _shape(made) == [
+        ("POST", "/processes"),
+        ("GET", "/processes/{pid}/connect"),
+        ("POST", "/processes/{pid}/input"),
+        ("POST", "/processes/{pid}/stdin/close"),
+    ]
+    big = "x" * (256 * 1024) + "€\n"  # over one /input request: staged as a file instead
+    result, made = await _requests_of(h, lease, "cat", stdin=big)
+    assert result["stdout"] == big
+    assert [m for m, _ in _shape(made)] == ["PUT", "POST", "GET", "POST"]
+    assert _shape(made)[0][1].startswith("/files")
+
+
+async def test_stdin_arrives_exactly_then_eof_and_nothing_is_left_staged(harness: Harness) -> None:
+    h = harness
+    lease = await h.acquire()
+    exact = "no newline at the end €"
+    result = await run(h, lease, "bash", "-c", "cat; echo '|eof'", stdin=exact)
+    assert result["stdout"] == exact + "|eof\n"
     empty = await run(h, lease, "cat", stdin="")
     assert empty["stdout"] == "" and empty["exitCode"] == 0
     no_stdin = await run(h, lease, "cat")
     assert no_stdin["stdout"] == "" and no_stdin["exitCode"] == 0  # reads EOF, never hangs
-    leftovers = await run(h, lease, "bash", "-c", "ls /tmp | grep -c paperclip-")
-    assert leftovers["stdout"] == "1\n"  # only this command's own gate: earlier files removed
+    big = await run(h, lease, "wc", "-c", stdin="y" * (300 * 1024))
+    assert big["stdout"].strip() == str(300 * 1024)
+    leftovers = await run(h, lease, "bash", "-c", "ls -a /tmp | grep -c paperclip- || true")
+    assert leftovers["stdout"] == "0\n"  # the staged and drained stdin files are gone
+    stdin_fd = await run(h, lease, "bash", "-c", "ls -l /proc/self/fd/0", stdin="z")
+    assert "(deleted)" in stdin_fd["stdout"]  # unlinked before the command even started
+
+
+async def test_output_larger_than_the_journal_written_at_once_is_complete(
+    harness: Harness,
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    await h.emulator.admin.settings(journal_bytes=64 * 1024)
+    size = 1024 * 1024  # 16x the journal, printed the instant the command starts
+    result = await run(h, lease, "head", "-c", str(size), "/dev/zero")
+    assert result["exitCode"] == 0
+    assert len(result["stdout"]) == size
 
 
 async def test_stdout_and_stderr_stay_separate_and_stream_in_order(harness: Harness) -> None:
@@ -134,7 +199,7 @@ async def test_large_output_keeps_a_4mi_tail(harness: Harness) -> None:
     assert result["metadata"]["outputTruncated"] is True
     live = "".join(chunk for stream, chunk in h.live_chunks() if stream == "stdout")
     assert len(live) == 20_000_000  # every character was streamed live, in order
-    assert all(0 < len(chunk) <= 500_000 for _, chunk in h.live_chunks())
+    assert all(0 < len(chunk) <= LIVE_CHUNK_MAX for _, chunk in h.live_chunks())  # ASCII
 
 
 async def test_timeout_returns_partial_output_and_kills_the_tree(harness: Harness) -> None:

@@ -34,9 +34,12 @@ HOSTILE = [
 
 
 def run_bash(
-    script: str, *, env: Mapping[str, str] | None = None
+    script: str, *, env: Mapping[str, str] | None = None, stdin: bytes = b""
 ) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([BASH, "-c", script], capture_output=True, timeout=60, env=env)
+    """Run the wrapper with ``stdin`` on its stdin, then EOF (which opens the start gate)."""
+    return subprocess.run(
+        [BASH, "-c", script], capture_output=True, timeout=60, env=env, input=stdin
+    )
 
 
 def wrapper(
@@ -46,20 +49,17 @@ def wrapper(
     *,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    stdin: shell.StdinMode = "none",
     stdin_path: str | None = None,
-    gate: bool = True,
-    gate_limit: int = 200,
+    gate_seconds: int = 60,
 ) -> str:
-    gate_path = tmp_path / "gate"
-    if gate:
-        gate_path.touch()
     return shell.build_wrapper_script(
         command=command,
         args=args,
         env=env or {},
         cwd=cwd,
-        gate_path=str(gate_path),
-        gate_limit=gate_limit,
+        gate_seconds=gate_seconds,
+        stdin="file" if stdin_path is not None else stdin,
         stdin_path=stdin_path,
     )
 
@@ -88,31 +88,44 @@ def test_spec_example_text_exactly() -> None:
         args=["a'; touch /bad; echo '"],
         env={"MESSAGE": "$(touch /bad)"},
         cwd="/srv/my dir",
-        gate_path="/tmp/paperclip-start-1234",
-        gate_limit=1200,
-        stdin_path=None,
+        gate_seconds=320,
     )
     assert script.split("\n") == [
-        "g='/tmp/paperclip-start-1234'; n=0; while [ ! -e \"$g\" ]; do n=$((n+1)); "
-        '[ "$n" -gt 1200 ] && exit 125; sleep 0.05; done',
+        "timeout 320 cat >/dev/null || exit 125",
         "cd -- '/srv/my dir' || exit",
-        "exec env MESSAGE='$(touch /bad)' 'printf' 'a'\"'\"'; touch /bad; echo '\"'\"''",
+        "exec env MESSAGE='$(touch /bad)' 'printf' 'a'\"'\"'; touch /bad; echo '\"'\"'' </dev/null",
     ]
 
 
-def test_stdin_redirect_is_appended_and_without_cwd_there_is_no_cd() -> None:
-    script = shell.build_wrapper_script(
+def test_stdin_modes_without_cwd_have_no_cd() -> None:
+    piped = shell.build_wrapper_script(
+        command="cat", args=[], env={}, cwd=None, gate_seconds=5, stdin="pipe"
+    ).split("\n")
+    assert piped == [
+        't=$(mktemp /tmp/paperclip-stdin-XXXXXXXXXX) && exec 3>"$t" 4<"$t" '
+        '&& rm -f -- "$t" || exit 125',
+        "timeout 5 cat >&3 || exit 125",
+        "exec 3>&-",
+        "exec env 'cat' <&4 4<&-",
+    ]
+    staged = shell.build_wrapper_script(
         command="cat",
         args=[],
         env={},
         cwd=None,
-        gate_path="/tmp/g",
-        gate_limit=5,
+        gate_seconds=5,
+        stdin="file",
         stdin_path="/tmp/paperclip-stdin-x",
-    )
-    lines = script.split("\n")
-    assert len(lines) == 2
-    assert lines[1] == "exec env 'cat' < '/tmp/paperclip-stdin-x'"
+    ).split("\n")
+    assert staged == [
+        "exec 4<'/tmp/paperclip-stdin-x' && rm -f -- '/tmp/paperclip-stdin-x' || exit 125",
+        "timeout 5 cat >/dev/null || exit 125",
+        "exec env 'cat' <&4 4<&-",
+    ]
+    with pytest.raises(ValueError, match="stdin_path"):
+        shell.build_wrapper_script(
+            command="cat", args=[], env={}, cwd=None, gate_seconds=5, stdin="file"
+        )
 
 
 def test_hostile_args_arrive_verbatim(tmp_path: Path) -> None:
@@ -150,12 +163,26 @@ def test_missing_cwd_fails_without_running_the_command(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def test_staged_stdin_is_the_command_input(tmp_path: Path) -> None:
+def test_staged_stdin_is_the_command_input_and_is_unlinked(tmp_path: Path) -> None:
     staged = tmp_path / "stdin"
-    staged.write_bytes(b"line one\n\xe2\x82\xac 'q' $(x)\n")
+    content = b"line one\n\xe2\x82\xac 'q' $(x)\n"
+    staged.write_bytes(content)
     result = run_bash(wrapper(tmp_path, "cat", [], stdin_path=str(staged)))
     assert result.returncode == 0
-    assert result.stdout == staged.read_bytes()
+    assert result.stdout == content
+    assert not staged.exists()
+
+
+def test_piped_stdin_is_the_command_input_exactly(tmp_path: Path) -> None:
+    content = bytes(range(256)) * 64 + b"no newline"
+    result = run_bash(wrapper(tmp_path, "cat", [], stdin="pipe"), stdin=content)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == content
+
+
+def test_without_stdin_the_command_reads_dev_null(tmp_path: Path) -> None:
+    result = run_bash(wrapper(tmp_path, "readlink", ["/proc/self/fd/0"]), stdin=b"ignored")
+    assert result.stdout == b"/dev/null\n"
 
 
 @pytest.mark.parametrize("name", ["run=me", "-dash"])
@@ -176,22 +203,30 @@ def test_commands_env_would_misread_still_run(tmp_path: Path, name: str) -> None
     assert result.stdout.decode().endswith("|y")
 
 
-def test_without_gate_the_command_never_starts(tmp_path: Path) -> None:
+def test_without_eof_the_command_never_starts(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    script = wrapper(tmp_path, "touch", [str(marker)], gate=False, gate_limit=3)
-    result = run_bash(script)
-    assert result.returncode == 125
-    assert not marker.exists()
+    script = wrapper(tmp_path, "touch", [str(marker)], gate_seconds=1)
+    proc = subprocess.Popen([BASH, "-c", script], stdin=subprocess.PIPE)
+    try:
+        assert proc.wait(timeout=60) == 125  # the bounded wait ran out
+        assert not marker.exists()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
-def test_gate_created_later_releases_the_command(tmp_path: Path) -> None:
+def test_closing_stdin_later_releases_the_command(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    script = wrapper(tmp_path, "touch", [str(marker)], gate=False, gate_limit=100_000)
-    proc = subprocess.Popen([BASH, "-c", script])
+    script = wrapper(tmp_path, "touch", [str(marker)], gate_seconds=600)
+    proc = subprocess.Popen([BASH, "-c", script], stdin=subprocess.PIPE)
     try:
         assert proc.poll() is None
         assert not marker.exists()
-        (tmp_path / "gate").touch()
+        assert proc.stdin is not None
+        proc.stdin.close()
         assert proc.wait(timeout=60) == 0
         assert marker.exists()
     finally:
@@ -234,9 +269,7 @@ def test_wrapper_refuses_nul_and_bad_input(field: str, kwargs: dict[str, object]
         "args": [],
         "env": {},
         "cwd": None,
-        "gate_path": "/tmp/g",
-        "gate_limit": 1,
-        "stdin_path": None,
+        "gate_seconds": 1,
     }
     params.update(kwargs)
     with pytest.raises(RequestRefused):

@@ -288,3 +288,84 @@ async def test_failed_large_upload_raises_its_own_error(harness: Harness, tmp_pa
     await h.emulator.admin.add_fault("PUT", r"/files$", status=400, times=5)
     with pytest.raises(CreateOSError):  # the client's own error, never an ExceptionGroup
         await sync_in(h, lease, op(mapping(big, f"{WS}/big")))
+
+
+async def _sync_requests(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]) -> Any:
+    seen = max([0, *(r["seq"] for r in await h.emulator.admin.requests())])
+    result = await sync_in(h, lease, *ops)
+    made = [(r["method"], r["path"]) for r in await h.emulator.admin.requests(since=seen)]
+    return result, made
+
+
+async def test_a_small_directory_sync_with_its_extract_command_costs_four_requests(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The heartbeat's shape: one archive upload, then the host's extract command."""
+    h = harness
+    lease = await h.acquire()
+    source = tmp_path / "assets"
+    source.mkdir()
+    (source / "a.txt").write_text("alpha")
+    archive = tmp_path / "assets.tar"
+    import tarfile
+
+    with tarfile.open(archive, "w") as tar:
+        tar.add(source, arcname=".")
+    remote_tar = f"{WS}/.paperclip-runtime/assets-upload.tar"
+    extract = (
+        f"mkdir -p {WS}/.paperclip-runtime/assets && tar -xf {remote_tar} "
+        f"-C {WS}/.paperclip-runtime/assets && rm -f {remote_tar}"
+    )
+    result, made = await _sync_requests(
+        h, lease, op(mapping(archive, remote_tar), post=[{"command": extract, "cwd": WS}])
+    )
+    assert result["operations"][0]["filesTransferred"] == 1
+    methods = [m for m, _ in made]
+    assert methods == ["PUT", "POST", "GET", "POST"], made
+    assert made[1][1].endswith("/processes") and made[3][1].endswith("/stdin/close")
+    check = await sh(h, lease, f"cat {WS}/.paperclip-runtime/assets/a.txt; ls -a /tmp")
+    assert check["stdout"].startswith("alpha")
+    assert "paperclip-createos-transfer-" not in check["stdout"]  # the trap removed the scratch
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "x").write_text("x")
+    result, made = await _sync_requests(h, lease, op(mapping(tree, f"{WS}/tree", "directory")))
+    assert [m for m, _ in made] == ["PUT", "POST", "GET", "POST"]
+    leftovers = await sh(h, lease, f"cat {WS}/tree/x; ls -a /tmp")
+    assert leftovers["stdout"].startswith("x") and "transfer-" not in leftovers["stdout"]
+
+
+async def test_a_failing_step_is_named_and_its_stderr_reported(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    (tmp_path / "f").write_text("payload")
+    with pytest.raises(ProviderError, match=r"A post-upload command failed .*exit 4.*: boom$"):
+        await sync_in(
+            h,
+            lease,
+            op(
+                mapping(tmp_path / "f", f"{WS}/f"),
+                post=[{"command": "echo noise >&2; true"}, {"command": "echo boom >&2; exit 4"}],
+            ),
+        )
+    await sh(h, lease, f"ln -s /etc {WS}/out")  # lexically inside, really outside
+    with pytest.raises(ProviderError, match=r"post-upload cwd check failed .*outside"):
+        await sync_in(
+            h,
+            lease,
+            op(mapping(tmp_path / "f", f"{WS}/g"), post=[{"command": "true", "cwd": f"{WS}/out"}]),
+        )
+    with pytest.raises(ProviderError, match="A post-upload command timed out"):
+        await sync_in(
+            h,
+            lease,
+            op(
+                mapping(tmp_path / "f", f"{WS}/h"),
+                post=[{"command": "sleep 30", "timeoutMs": 1000}],
+            ),
+        )
+    scratch = await sh(h, lease, "ls -a /tmp")
+    assert "paperclip-createos-transfer-" not in scratch["stdout"]

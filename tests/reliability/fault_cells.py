@@ -95,7 +95,7 @@ SITES: tuple[Site, ...] = (
     Site("acquire.exec", "POST /v1/sandboxes/{id}/exec", "POST", r"/exec$",
          "acquire", "acquire", "post", 1),
     Site("syncIn.files-put", "PUT /v1/sandboxes/{id}/files", "PUT", r"/files$",
-         "syncIn", "sync-in", "idempotent", 2, (*COMMON, "503x4")),
+         "syncIn", "sync-in", "idempotent", 1, (*COMMON, "503x4")),
     Site("syncOut.files-get", "GET /v1/sandboxes/{id}/files", "GET", r"/files$",
          "syncOut", "sync-out", "download", 1, (*COMMON, "503x4")),
     Site("execute.process-create", "POST .../processes", "POST", r"/processes$",

@@ -378,11 +378,10 @@ async def test_oversized_command_lines_fail_cleanly_and_leave_the_lease_usable(r
         message = response["error"]["message"]
         assert "xxxx" not in message and len(message) < 300
         assert await rig.live_trees() == []
-    # Not poisoned, and the staged stdin and gate files were removed again.
+    # Not poisoned, and nothing staged for stdin was left behind.
     scratch = await rig.execute(command="bash", args=["-c", "ls -a /tmp"])
     assert scratch["exitCode"] == 0
     assert "paperclip-stdin-" not in scratch["stdout"]
-    assert scratch["stdout"].count("paperclip-start-") == 1  # this very command's gate
 
 
 # --- host paths in sync --------------------------------------------------------------------------
