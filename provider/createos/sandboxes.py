@@ -14,6 +14,7 @@ from provider.createos.core import ClientCore
 from provider.createos.envelope import list_page
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import (
+    SANDBOX_STATES,
     ExecResult,
     SandboxView,
     exec_result,
@@ -33,6 +34,16 @@ class SandboxCalls(ClientCore):
         self, *, shape: str, name: str, rootfs: str | None, region: str | None
     ) -> str:
         """``POST /sandboxes``; returns the new id. Retried only on 429."""
+        sandbox_id, _ = await self.create_sandbox_status(
+            shape=shape, name=name, rootfs=rootfs, region=region
+        )
+        return sandbox_id
+
+    async def create_sandbox_status(
+        self, *, shape: str, name: str, rootfs: str | None, region: str | None
+    ) -> tuple[str, str | None]:
+        """``POST /sandboxes``: the new id and the status the answer reported (None when it
+        named none or an unknown one). Retried only on 429."""
         body: dict[str, Any] = {"shape": shape, "name": name}
         if rootfs is not None:
             body["rootfs"] = rootfs
@@ -45,7 +56,8 @@ class SandboxCalls(ClientCore):
         if not is_valid_id(sandbox_id):
             raise APIProtocolError(f"CreateOS {operation} answered without a valid sandbox id.")
         assert isinstance(sandbox_id, str)
-        return sandbox_id
+        status = data.get("status")
+        return sandbox_id, status if status in SANDBOX_STATES else None
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxView:
         """``GET /sandboxes/{id}``; the answer must be about that sandbox."""

@@ -2,8 +2,9 @@
 
 The command runs as an argv inside a bash wrapper that waits for EOF on its stdin (the start
 gate), so nothing is printed before the output stream is attached: create, connect, close is the
-whole sequence (3 requests). Stdin up to 256 KiB travels through ``/input`` before the close (4
-requests); larger stdin is staged as a file before the process is created (4 requests).
+whole sequence (3 requests). Stdin up to 256 KiB travels through one ``/input`` instead of the
+close, the wrapper waiting for exactly that many bytes (3 requests); larger stdin is staged as a
+file before the process is created (4 requests).
 Output is followed frame by frame, decoded per stream, sent live through ``on_output``
 and kept as a bounded tail. Whatever ends the command early (deadline, cancellation, a protocol
 failure) kills the whole remote process tree under a fresh, shielded deadline; if that kill (or
@@ -136,6 +137,7 @@ async def run_command(
         gate_seconds=math.ceil(spec.timeout) + GATE_SLACK_SECONDS,
         stdin=mode,
         stdin_path=stdin_path,
+        stdin_length=len(stdin) if mode == "pipe" else 0,
     )
     run = _Run()
     try:
@@ -176,7 +178,7 @@ async def _start_and_follow(
     on_output: OutputSink | None,
     record: ProcessRecord | None,
 ) -> None:
-    """Requests: [PUT staged stdin,] create, connect, [input,] stdin close (3.3)."""
+    """Requests: [PUT staged stdin,] create, connect, then input or stdin close (3.3)."""
     if stdin_path is not None:
         await client.put_file(sandbox_id, stdin_path, stdin)
     run.creation_unknown = True
@@ -194,9 +196,11 @@ async def _start_and_follow(
         await record.started(view.process_id)
 
     async def open_gate() -> None:
-        """The stream is open: deliver small stdin, then EOF, which starts the command."""
+        """The stream is open: start the command. Small stdin is the gate itself (the wrapper
+        waits for exactly its length); otherwise EOF on stdin is."""
         if stdin and stdin_path is None:
             await client.write_input(sandbox_id, view.process_id, stdin)
+            return
         with contextlib.suppress(Conflict, NotFound):
             await client.close_stdin(sandbox_id, view.process_id)
 

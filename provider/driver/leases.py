@@ -35,7 +35,8 @@ from provider.driver.runtime import (
 from provider.driver.sandbox_ops import delete_sandbox_confirmed, read_status, transition
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 
-MARKER_PATH = f"{ROOT}/.paperclip-runtime/.paperclip-createos-lease"
+MARKER_DIR = f"{ROOT}/.paperclip-runtime"
+MARKER_PATH = f"{MARKER_DIR}/.paperclip-createos-lease"
 MARKER_RE = re.compile(r"^[0-9a-f-]{36}$")
 RESUME_DEADLINE_CAP = 55.0
 CLEANUP_DEADLINE_CAP = 60.0
@@ -123,17 +124,20 @@ async def provision_sandbox(
 async def _provision(
     client: CreateOSClient, call: BoundCall, token: str, mark_unresolved: Callable[[], None]
 ) -> tuple[str, str]:
-    sandbox_id = await create_sandbox(client, call, token, on_unresolved=mark_unresolved)
+    sandbox_id, status = await create_sandbox(client, call, token, on_unresolved=mark_unresolved)
     try:
-        await transition(client, sandbox_id, "running")
-        prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", f"mkdir -p -- '{ROOT}'"])
+        if status != "running":  # a create that answered running needs no read to confirm it
+            await transition(client, sandbox_id, "running")
+        # One request prepares the workspace and writes the marker (36 bytes, no newline): the
+        # marker is a fresh UUID (hex and dashes only), so it needs no quoting.
+        marker = str(uuid.uuid4())
+        script = f"mkdir -p -- '{MARKER_DIR}' && printf '%s' '{marker}' > '{MARKER_PATH}'"
+        prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", script])
         if prepared.exit_code != 0:
             raise ProviderError(
                 f"Could not prepare {ROOT} in the sandbox (exit code {prepared.exit_code}); the "
                 "image must provide bash and coreutils."
             )
-        marker = str(uuid.uuid4())
-        await client.put_file(sandbox_id, MARKER_PATH, marker.encode("ascii"))
     except BaseException as exc:
         await _delete_after_failure(client, sandbox_id, call, exc)
         raise
@@ -146,15 +150,16 @@ async def create_sandbox(
     token: str,
     *,
     on_unresolved: Callable[[], None] | None = None,
-) -> str:
-    """POST the sandbox; when the outcome is unknown, find it by its name token and delete it.
+) -> tuple[str, str | None]:
+    """POST the sandbox (its id and the status it answered); when the outcome is unknown, find
+    it by its name token and delete it.
 
     ``on_unresolved`` is called when the lookup found nothing: the create may still land later
     (a request that timed out on our side can still be served), so absence proves nothing yet.
     """
     config = call.config
     try:
-        return await client.create_sandbox(
+        return await client.create_sandbox_status(
             shape=config.shape, name=token, rootfs=config.rootfs, region=config.region
         )
     except APIStatusError as exc:

@@ -64,6 +64,7 @@ def build_wrapper_script(
     gate_seconds: int,
     stdin: StdinMode = "none",
     stdin_path: str | None = None,
+    stdin_length: int = 0,
 ) -> str:
     """The bash script of spec 3.2: wait for EOF on stdin (the start gate), optional cd, then
     ``exec env ... argv`` with the command's own stdin.
@@ -73,9 +74,9 @@ def build_wrapper_script(
     ``gate_seconds`` (then exit 125). ``stdin`` says where the command's input comes from:
 
     - ``"none"``: ``/dev/null``;
-    - ``"pipe"``: the bytes written to the process's stdin before the close are drained into an
-      already-unlinked temp file (nothing is left in the sandbox whatever happens next), which
-      becomes the command's stdin;
+    - ``"pipe"``: exactly ``stdin_length`` bytes written to the process's stdin are drained
+      into an already-unlinked temp file (nothing is left in the sandbox whatever happens
+      next), which becomes the command's stdin; their arrival is the gate (no close needed);
     - ``"file"``: the file staged at ``stdin_path`` is opened and unlinked first thing.
 
     Raises RequestRefused for an empty command or NUL in command, args or cwd, and for a bad env
@@ -99,20 +100,26 @@ def build_wrapper_script(
         raise ValueError("gate_seconds must be a positive integer")
     if (stdin == "file") != (stdin_path is not None):
         raise ValueError("stdin_path goes with stdin='file' only")
+    if isinstance(stdin_length, bool) or not isinstance(stdin_length, int):
+        raise ValueError("stdin_length must be an integer")
+    if (stdin == "pipe") != (stdin_length > 0):
+        raise ValueError("a positive stdin_length goes with stdin='pipe' only")
 
     lines = []
     if stdin == "file" and stdin_path is not None:
         path = quote(stdin_path)
         lines.append(f"exec 4<{path} && rm -f -- {path} || exit 125")
-    elif stdin == "pipe":
+    if stdin == "pipe":
         lines.append(
-            't=$(mktemp /tmp/paperclip-stdin-XXXXXXXXXX) && exec 3>"$t" 4<"$t" '
+            't=$(mktemp /tmp/paperclip-stdin-XXXXXXXXXX) && exec 3>"$t" 4<"$t" 5<"$t" '
             '&& rm -f -- "$t" || exit 125'
         )
-    drain = ">&3" if stdin == "pipe" else ">/dev/null"
-    lines.append(f"timeout {gate_seconds} cat {drain} || exit 125")
-    if stdin == "pipe":
-        lines.append("exec 3>&-")
+        lines.append(
+            f"timeout {gate_seconds} head -c {stdin_length} >&3 && exec 3>&- "
+            f'&& [ "$(wc -c <&5)" -eq {stdin_length} ] && exec 5<&- || exit 125'
+        )
+    else:
+        lines.append(f"timeout {gate_seconds} cat >/dev/null || exit 125")
     if cwd is not None:
         lines.append(f"cd -- {quote(cwd)} || exit")
     words = ["exec", "env"]

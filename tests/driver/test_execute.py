@@ -105,7 +105,7 @@ def _shape(made: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-async def test_a_command_costs_three_requests_and_four_with_stdin(harness: Harness) -> None:
+async def test_a_command_costs_three_requests_with_or_without_small_stdin(harness: Harness) -> None:
     h = harness
     lease = await h.acquire()
     result, made = await _requests_of(h, lease, "echo", "hi")
@@ -121,8 +121,7 @@ async def test_a_command_costs_three_requests_and_four_with_stdin(harness: Harne
     assert _shape(made) == [
         ("POST", "/processes"),
         ("GET", "/processes/{pid}/connect"),
-        ("POST", "/processes/{pid}/input"),
-        ("POST", "/processes/{pid}/stdin/close"),
+        ("POST", "/processes/{pid}/input"),  # its exact length is the gate: no close
     ]
     big = "x" * (256 * 1024) + "€\n"  # over one /input request: staged as a file instead
     result, made = await _requests_of(h, lease, "cat", stdin=big)
@@ -205,12 +204,17 @@ async def test_large_output_keeps_a_4mi_tail(harness: Harness) -> None:
 async def test_timeout_returns_partial_output_and_kills_the_tree(harness: Harness) -> None:
     h = harness
     lease = await h.acquire()
-    script = "echo partial; (sleep 300 &); setsid sleep 301 & sleep 300"
+    script = (
+        "echo partial; (sleep 300 &); setsid sleep 301 & "
+        "(setsid bash -c 'exec sleep 302' &); sleep 300"
+    )
     result = await run(h, lease, "bash", "-c", script, timeoutMs=1500)
     assert result["timedOut"] is True and result["exitCode"] is None
     assert "signal" not in result
     assert result["stdout"] == "partial\n"
     assert await h.emulator.admin.live_process_count() == 0
+    left = await run(h, lease, "bash", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    assert "sleep 30" not in left["stdout"], "a setsid'd grandchild outlived the timeout kill"
     deletes = [r for r in await process_requests(h) if r["method"] == "DELETE"]
     assert len(deletes) == 1 and "grace_ms=1000" in deletes[0]["query"]
 

@@ -51,6 +51,7 @@ def wrapper(
     cwd: str | None = None,
     stdin: shell.StdinMode = "none",
     stdin_path: str | None = None,
+    stdin_length: int = 0,
     gate_seconds: int = 60,
 ) -> str:
     return shell.build_wrapper_script(
@@ -61,6 +62,7 @@ def wrapper(
         gate_seconds=gate_seconds,
         stdin="file" if stdin_path is not None else stdin,
         stdin_path=stdin_path,
+        stdin_length=stdin_length,
     )
 
 
@@ -99,15 +101,18 @@ def test_spec_example_text_exactly() -> None:
 
 def test_stdin_modes_without_cwd_have_no_cd() -> None:
     piped = shell.build_wrapper_script(
-        command="cat", args=[], env={}, cwd=None, gate_seconds=5, stdin="pipe"
+        command="cat", args=[], env={}, cwd=None, gate_seconds=5, stdin="pipe", stdin_length=7
     ).split("\n")
     assert piped == [
-        't=$(mktemp /tmp/paperclip-stdin-XXXXXXXXXX) && exec 3>"$t" 4<"$t" '
+        't=$(mktemp /tmp/paperclip-stdin-XXXXXXXXXX) && exec 3>"$t" 4<"$t" 5<"$t" '
         '&& rm -f -- "$t" || exit 125',
-        "timeout 5 cat >&3 || exit 125",
-        "exec 3>&-",
+        'timeout 5 head -c 7 >&3 && exec 3>&- && [ "$(wc -c <&5)" -eq 7 ] && exec 5<&- || exit 125',
         "exec env 'cat' <&4 4<&-",
     ]
+    with pytest.raises(ValueError, match="stdin_length"):
+        shell.build_wrapper_script(
+            command="cat", args=[], env={}, cwd=None, gate_seconds=5, stdin="pipe"
+        )
     staged = shell.build_wrapper_script(
         command="cat",
         args=[],
@@ -175,9 +180,34 @@ def test_staged_stdin_is_the_command_input_and_is_unlinked(tmp_path: Path) -> No
 
 def test_piped_stdin_is_the_command_input_exactly(tmp_path: Path) -> None:
     content = bytes(range(256)) * 64 + b"no newline"
-    result = run_bash(wrapper(tmp_path, "cat", [], stdin="pipe"), stdin=content)
+    script = wrapper(tmp_path, "cat", [], stdin="pipe", stdin_length=len(content))
+    result = run_bash(script, stdin=content)
     assert result.returncode == 0, result.stderr
     assert result.stdout == content
+
+
+def test_piped_stdin_starts_the_command_without_eof(tmp_path: Path) -> None:
+    """The exact length arrived: the command runs while the pipe is still open."""
+    script = wrapper(tmp_path, "cat", [], stdin="pipe", stdin_length=3)
+    proc = subprocess.Popen([BASH, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"abc")
+        proc.stdin.flush()
+        assert proc.stdout.read() == b"abc"  # EOF of the command's own stdin, not the pipe's
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_short_piped_stdin_never_starts_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = wrapper(tmp_path, "touch", [str(marker)], stdin="pipe", stdin_length=10)
+    result = run_bash(script, stdin=b"short")
+    assert result.returncode == 125
+    assert not marker.exists()
 
 
 def test_without_stdin_the_command_reads_dev_null(tmp_path: Path) -> None:
