@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo bench
+.PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo demo-agent bench
 
 ## setup: venv + editable install with dev extras, bubblewrap (for the emulator), real-host peer
 setup: python-deps bubblewrap peer
@@ -53,6 +53,11 @@ check: setup
 demo: setup
 	$(PY) -m provider.devtools.demo $(DEMO_ARGS)
 
+## demo-agent: one real agent heartbeat in a sandbox on the full Paperclip server (first run
+## installs the server from npm, about 2 minutes)
+demo-agent: setup
+	$(PY) -m provider.devtools.demo_agent $(DEMO_ARGS)
+
 ## bench: every figure in the README (several minutes; see bench/README.md)
 bench: setup
 	$(PY) bench/cold_start.py
@@ -62,3 +67,6 @@ bench: setup
 	$(PY) bench/sync_transfer.py
 	$(PY) bench/fault_matrix.py
 	$(PY) bench/load.py
+	$(PY) bench/pacing.py
+	$(PY) bench/connections.py
+	$(PY) bench/heartbeat.py

@@ -26,7 +26,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -103,11 +103,17 @@ class PaperclipServer:
     """The real server and its database, as an async context manager (see the module doc)."""
 
     def __init__(
-        self, work_dir: Path, *, host_dir: Path | None = None, secrets: Iterable[str] = ()
+        self,
+        work_dir: Path,
+        *,
+        host_dir: Path | None = None,
+        secrets: Iterable[str] = (),
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.work_dir = work_dir
         self.host_dir = host_dir
         self.secrets = [s for s in secrets if s]
+        self.extra_env = dict(extra_env or {})
         self.data_dir = work_dir / "data"
         self.pg_dir = work_dir / "pg"
         self.log_path = work_dir / "server.log"
@@ -140,6 +146,7 @@ class PaperclipServer:
             DO_NOT_TRACK="1",
             NO_COLOR="1",
         )
+        env.update(self.extra_env)
         return env
 
     def redact(self, text: str) -> str:

@@ -1,0 +1,311 @@
+"""A real agent heartbeat: the host's local environment vs a ``createos`` sandbox (emulator).
+
+One full Paperclip server (2026.916.1), one emulator, the stub agent CLI of
+``tests/e2e/agent-image`` (provider/devtools/agent_heartbeat.py). Each round runs one heartbeat
+per variant, interleaved, so every variant meets the same machine load:
+
+- ``local``: the agent on the host's local environment (the baseline);
+- ``sandbox``: a createos environment with default pacing and default host settings;
+- ``unpaced``: the same with ``PAPERCLIP_CREATEOS_PACE_MS=0`` (the emulator's latency floor);
+- ``streamed``: the environment setting ``streamRunLogs: true`` (the host's own default before
+  our validation stored ``false``: it tails the run log through a command every 250 ms).
+
+The plugin is installed from a temp copy of the package whose entrypoint sets the worker's
+environment from a file before starting the real shim (the host scrubs the worker's
+environment), so the bench can switch pacing (a worker restart between variants, outside the
+timed window) and turn on the worker's call log (``PAPERCLIP_CREATEOS_CALL_LOG``). Per heartbeat:
+wall time (invoke to final status), API requests (emulator log, invoke to the lease's release),
+``environmentExecute`` calls and their p50/p90 latency, how many were the host's bridge polls and
+log-tail ticks (classified from the commands the emulator ran), requests per execute, and the
+ratio to local. Writes bench/results/heartbeat.json.
+
+    .venv/bin/python bench/heartbeat.py [--rounds 2] [--variants local,sandbox,unpaced,streamed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import httpx
+from _common import save_result
+
+from provider.devtools.agent_heartbeat import (
+    STUB_COMMAND,
+    STUB_HOST_COMMAND,
+    STUB_IMAGE,
+    STUB_IMAGE_DIR,
+    AgentSite,
+    agent_server_env,
+    scratch_root,
+)
+from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
+from provider.devtools.emulator_process import EmulatorProcess
+
+VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed")
+NO_PAUSE: Final = {"PAPERCLIP_STUB_PAUSE": "0"}  # a no-op agent: the stub does not sleep
+PLUGIN_KEY: Final = json.loads((REPO_ROOT / "manifest.json").read_text())["id"]
+LIFECYCLE: Final = re.compile(r"^/v1/sandboxes(/sb_[^/]+(/pause|/resume)?)?$")
+BENCH_SHIM: Final = """// bench entrypoint: worker environment from worker-env.json, then the shim
+import { readFileSync } from "node:fs";
+const extra = JSON.parse(readFileSync(new URL("./worker-env.json", import.meta.url), "utf8"));
+Object.assign(process.env, extra);
+await import(%s);
+"""
+
+
+@dataclass
+class Measured:
+    variant: str
+    round: int
+    status: str
+    wall_s: float
+    requests: int = 0
+    execute_requests: int = 0  # requests outside sync calls and sandbox lifecycle calls
+    executes: list[float] = field(default_factory=list)  # ms each
+    bridge_polls: int = 0
+    log_tails: int = 0
+    syncs: int = 0
+    by_endpoint: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "variant": self.variant,
+            "round": self.round,
+            "status": self.status,
+            "wall_s": round(self.wall_s, 2),
+        }
+        if self.variant != "local":
+            out.update(
+                requests=self.requests,
+                executes=len(self.executes),
+                bridge_polls=self.bridge_polls,
+                log_tails=self.log_tails,
+                syncs=self.syncs,
+                execute_p50_ms=round(_percentile(self.executes, 50), 1),
+                execute_p90_ms=round(_percentile(self.executes, 90), 1),
+                requests_per_execute=round(self.requests_per_execute, 2),
+                by_endpoint=dict(sorted(self.by_endpoint.items(), key=lambda kv: -kv[1])),
+            )
+        return out
+
+    @property
+    def requests_per_execute(self) -> float:
+        """Requests of the heartbeat made outside sync and lifecycle calls, per execute."""
+        return self.execute_requests / len(self.executes) if self.executes else 0.0
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def make_package(folder: Path) -> Path:
+    """A copy of the package manifest whose worker entrypoint reads worker-env.json first."""
+    folder.mkdir(parents=True)
+    package = json.loads((REPO_ROOT / "package.json").read_text())
+    package["paperclipPlugin"]["worker"] = "./bench-shim.mjs"
+    (folder / "package.json").write_text(json.dumps(package, indent=2))
+    shutil.copy(REPO_ROOT / "manifest.js", folder / "manifest.js")
+    manifest = json.loads((REPO_ROOT / "manifest.json").read_text())
+    manifest["entrypoints"]["worker"] = "./bench-shim.mjs"
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    shim_url = json.dumps((REPO_ROOT / "shim.mjs").as_uri())
+    (folder / "bench-shim.mjs").write_text(BENCH_SHIM % shim_url)
+    return folder
+
+
+def classify(process: dict[str, Any]) -> str:
+    """What a command the emulator ran was, from the host's scripts (agent-run.md 3)."""
+    text = " ".join([str(process.get("cmd", "")), *map(str, process.get("args") or [])])
+    if "tail -c +" in text:
+        return "log_tail"
+    if "paperclip-bridge/queue" in text or "/queue/requests" in text:
+        return "bridge_poll"
+    return "other"
+
+
+class Bench:
+    def __init__(self, root: Path, server: PaperclipServer, emu: EmulatorProcess, key: str):
+        self.root = root
+        self.server = server
+        self.emu = emu
+        self.key = key
+        self.package = make_package(root / "package")
+        self.call_log = root / "calls.jsonl"
+        self.pace: str | None = None
+        self._write_env(None)  # the worker the install starts: default pacing, call log on
+
+    def _write_env(self, pace_ms: str | None) -> None:
+        env = {"PAPERCLIP_CREATEOS_CALL_LOG": str(self.call_log)}
+        if pace_ms is not None:
+            env["PAPERCLIP_CREATEOS_PACE_MS"] = pace_ms
+        (self.package / "worker-env.json").write_text(json.dumps(env))
+
+    async def set_worker_env(self, pace_ms: str | None) -> None:
+        """Restart the worker when the pacing differs (outside the timed window)."""
+        if pace_ms == self.pace:
+            return
+        self._write_env(pace_ms)
+        await self.server.cli("plugin", "disable", PLUGIN_KEY)
+        await self.server.cli("plugin", "enable", PLUGIN_KEY)
+        self.pace = pace_ms
+
+    def calls_between(self, start: float, end: float) -> list[dict[str, Any]]:
+        if not self.call_log.exists():
+            return []
+        calls = [json.loads(line) for line in self.call_log.read_text().splitlines() if line]
+        return [c for c in calls if start <= c["start"] <= end]
+
+
+async def run_variant(
+    bench: Bench,
+    site: AgentSite,
+    agents: dict[str, str],
+    envs: dict[str, str],
+    variant: str,
+    n: int,
+) -> Measured:
+    await bench.set_worker_env("0" if variant == "unpaced" else None)
+    seen = max([0, *(r["seq"] for r in await bench.emu.admin.requests())])
+    history_seen = len(await bench.emu.admin.process_history())
+    wall_start = time.time()
+    run = await site.heartbeat(agents[variant])
+    measured = Measured(variant, n, run.status, run.wall_s)
+    if variant == "local":
+        return measured
+    await site.wait_released(envs[variant])
+    requests = [r for r in await bench.emu.admin.requests(since=seen)]
+    measured.requests = len(requests)
+    for r in requests:
+        parts = [p if not p.startswith(("sb_", "proc_")) else "{id}" for p in r["path"].split("/")]
+        kind = f"{r['method']} {'/'.join(parts)}"
+        measured.by_endpoint[kind] = measured.by_endpoint.get(kind, 0) + 1
+    calls = bench.calls_between(wall_start, time.time())
+    measured.executes = [c["ms"] for c in calls if c["method"] == "environmentExecute"]
+    syncs = [c for c in calls if c["method"].startswith("environmentSync")]
+    measured.syncs = len(syncs)
+    windows = [(c["start"], c["start"] + c["ms"] / 1000) for c in syncs]
+    measured.execute_requests = sum(
+        1
+        for r in requests
+        if not LIFECYCLE.match(r["path"]) and not any(a <= r["time"] <= b for a, b in windows)
+    )
+    for process in (await bench.emu.admin.process_history())[history_seen:]:
+        kind = classify(process)
+        measured.bridge_polls += kind == "bridge_poll"
+        measured.log_tails += kind == "log_tail"
+    return measured
+
+
+async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
+    root = scratch_root("bench-heartbeat-")
+    key = f"bench-{secrets.token_hex(6)}"
+    results: list[Measured] = []
+    try:
+        images = {STUB_IMAGE: STUB_IMAGE_DIR}
+        async with EmulatorProcess(root / "emulator", key, images=images) as emu:
+            env = agent_server_env(root)
+            async with PaperclipServer(root / "paperclip", secrets=[key], extra_env=env) as server:
+                bench = Bench(root, server, emu, key)
+                await server.cli("plugin", "install", str(bench.package), "--json")
+                async with httpx.AsyncClient(base_url=server.api_base, timeout=60) as client:
+                    site = await AgentSite.create(server, client, "Bench Co")
+                    base = {"apiUrl": emu.base_url, "apiKey": key, "shape": "s-1vcpu-1gb"}
+                    base["rootfs"] = STUB_IMAGE
+                    envs = {
+                        "sandbox": await site.createos_environment("paced", base),
+                        "streamed": await site.createos_environment(
+                            "streamed", {**base, "streamRunLogs": True}
+                        ),
+                    }
+                    envs["unpaced"] = envs["sandbox"]
+                    agents = {
+                        "local": await site.agent(
+                            "local", STUB_HOST_COMMAND, environment_id=None, env=NO_PAUSE
+                        )
+                    }
+                    for variant in ("sandbox", "unpaced", "streamed"):
+                        agents[variant] = await site.agent(
+                            variant, STUB_COMMAND, environment_id=envs[variant], env=NO_PAUSE
+                        )
+                    for n in range(rounds):
+                        for variant in variants:
+                            m = await run_variant(bench, site, agents, envs, variant, n)
+                            results.append(m)
+                            print(json.dumps(m.as_dict()), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return summarize(results)
+
+
+def summarize(results: list[Measured]) -> dict[str, Any]:
+    by_variant: dict[str, list[Measured]] = {}
+    for m in results:
+        by_variant.setdefault(m.variant, []).append(m)
+    local = (
+        statistics.median(m.wall_s for m in by_variant.get("local", []))
+        if "local" in by_variant
+        else None
+    )
+    summary: dict[str, Any] = {}
+    for variant, runs in by_variant.items():
+        wall = statistics.median(m.wall_s for m in runs)
+        entry: dict[str, Any] = {
+            "runs": len(runs),
+            "all_succeeded": all(m.status == "succeeded" for m in runs),
+            "wall_s_median": round(wall, 2),
+        }
+        if local:
+            entry["ratio_to_local"] = round(wall / local, 1)
+        if variant != "local":
+            executes = [ms for m in runs for ms in m.executes]
+            entry.update(
+                requests_median=statistics.median(m.requests for m in runs),
+                executes_median=statistics.median(len(m.executes) for m in runs),
+                bridge_polls_median=statistics.median(m.bridge_polls for m in runs),
+                log_tails_median=statistics.median(m.log_tails for m in runs),
+                execute_p50_ms=round(_percentile(executes, 50), 1),
+                execute_p90_ms=round(_percentile(executes, 90), 1),
+                requests_per_execute=round(
+                    statistics.median(m.requests_per_execute for m in runs), 2
+                ),
+            )
+        summary[variant] = entry
+    return {"summary": summary, "runs": [m.as_dict() for m in results]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    started = time.monotonic()
+    result = anyio.run(run, args.rounds, variants)
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    for variant, entry in result["summary"].items():
+        print(f"{variant:9} {json.dumps(entry)}")
+    print(f"written to {save_result('heartbeat', result)}")
+    ok = all(entry["all_succeeded"] for entry in result["summary"].values())
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""A real agent heartbeat inside a CreateOS (emulator) sandbox, through the REAL Paperclip server.
+
+The server (2026.916.1, installed from npm on first use) leases a sandbox from our plugin for a
+``claude_local`` agent whose CLI is the stub in ``agent-image/`` (served by the emulator as an
+image, so nothing is written into the host's system folders), syncs the workspace and runtime
+assets in, runs the CLI there with live run logs, serves its Paperclip API call through the
+callback bridge, syncs the workspace back and releases the lease. Two heartbeats: the second
+sees the first one's file. ``reuseLease`` is on, yet a plain heartbeat has no execution
+workspace, so its lease is not reusable and every sandbox is deleted (provider-behavior.md
+2.10.1). Fails, never skips, when Node or the server cannot be installed.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from provider.devtools.agent_heartbeat import (
+    STUB_COMMAND,
+    STUB_FILE,
+    STUB_IMAGE,
+    STUB_IMAGE_DIR,
+    AgentSite,
+    HeartbeatRun,
+    agent_server_env,
+    scratch_root,
+)
+from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
+from provider.devtools.emulator_process import EmulatorProcess
+from tests.e2e.inspection import cmdline_mentions
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
+
+INSTALL_BUDGET_S = 420  # first run only: about 1.5 GB from npm
+SCENARIO_BUDGET_S = 600  # two heartbeats at default pacing: about 90 s each before the fast path
+ROOT = "/paperclip-workspace"
+LIFECYCLE = re.compile(r"^/v1/sandboxes(/sb_[^/]+)?$")
+PROCESS_CREATE = re.compile(r"^/v1/sandboxes/(sb_[^/]+)/processes$")
+
+
+def _lifecycle(requests: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [
+        (r["method"], r["path"])
+        for r in requests
+        if r["method"] in ("POST", "DELETE") and LIFECYCLE.match(r["path"])
+    ]
+
+
+def _process_sandboxes(requests: list[dict[str, Any]]) -> set[str]:
+    found = set()
+    for r in requests:
+        match = PROCESS_CREATE.match(r["path"])
+        if r["method"] == "POST" and match:
+            found.add(match.group(1))
+    return found
+
+
+def _assert_ran_in_sandbox(run: HeartbeatRun, number: int) -> None:
+    assert run.status == "succeeded", run.error
+    assert run.stub_values("cwd") == [ROOT]
+    assert run.stub_values("heartbeat") == [str(number)]
+    assert run.stub_values("bridge-status") == ["200"], "the agent's API call through the bridge"
+    stdout = run.stdout()
+    assert '"type":"result","subtype":"success"' in stdout
+    assert "Syncing workspace to environment" in stdout  # the host drove our sync verbs
+    assert run.record["exitCode"] == 0
+    # Live run log: the host writes our execute.log chunks as they come (streamRunLogs false,
+    # our stored default), so the stub's first lines are readable while it still sleeps.
+    assert run.seen_while_running("stub-cwd="), "the agent's output did not stream live"
+    assert "Sandbox run log streaming enabled" not in stdout  # no log-tail commands
+
+
+async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str) -> None:
+    await server.cli("plugin", "install", str(REPO_ROOT), "--json")
+    async with httpx.AsyncClient(base_url=server.api_base, timeout=60) as client:
+        site = await AgentSite.create(server, client, "Heartbeat Co")
+        config = {
+            "apiUrl": emu.base_url,
+            "apiKey": api_key,
+            "shape": "s-1vcpu-1gb",
+            "rootfs": STUB_IMAGE,
+            "reuseLease": True,
+        }
+        environment_id = await site.createos_environment("createos-emu", config)
+        stored = (await client.get(f"/api/environments/{environment_id}")).json()["config"]
+        assert stored["streamRunLogs"] is False  # our validation's default, kept by the host
+        assert stored["rootfs"] == STUB_IMAGE
+        agent_id = await site.agent("stub", STUB_COMMAND, environment_id=environment_id)
+        workspace = site.workspace(agent_id)
+
+        first = await site.heartbeat(agent_id)
+        _assert_ran_in_sandbox(first, 1)
+        await site.wait_released(environment_id, 1)
+        lines = (workspace / STUB_FILE).read_text().splitlines()
+        assert len(lines) == 1
+        ran_in, _, hostname = lines[0].partition(" on ")
+        assert ran_in == f"heartbeat 1 ran in {ROOT}"
+        assert hostname.startswith("pc-"), "the guest's hostname is the sandbox's name token"
+        assert hostname != socket.gethostname()
+        assert not Path(ROOT).exists(), "the stub must not have run on the host"
+
+        second = await site.heartbeat(agent_id)
+        _assert_ran_in_sandbox(second, 2)  # it found the first heartbeat's file
+        leases = await site.wait_released(environment_id, 2)
+        assert [x["cleanupStatus"] for x in leases] == ["success", "success"]
+        lines = (workspace / STUB_FILE).read_text().splitlines()
+        assert [line.split(" on ")[0] for line in lines] == [
+            f"heartbeat 1 ran in {ROOT}",
+            f"heartbeat 2 ran in {ROOT}",
+        ]
+
+    requests = await emu.admin.requests()
+    calls = _lifecycle(requests)
+    created = [path for method, path in calls if method == "POST"]
+    sandboxes = [x["providerLeaseId"] for x in leases]
+    assert created == ["/v1/sandboxes"] * 2
+    assert sorted(path for method, path in calls if method == "DELETE") == sorted(
+        f"/v1/sandboxes/{sid}" for sid in sandboxes
+    ), "a plain heartbeat's lease is not reusable: deleted on release even with reuseLease"
+    assert _process_sandboxes(requests) == set(sandboxes), "the agent's commands ran in them"
+    assert not any(r["path"].endswith("/pause") for r in requests)
+    state = await emu.admin.state()
+    assert state["sandboxes"] == [], "a sandbox outlived the heartbeats"
+
+
+async def test_an_agent_heartbeat_runs_in_the_sandbox_and_leaves_nothing_behind() -> None:
+    started = time.monotonic()
+    with anyio.fail_after(INSTALL_BUDGET_S):
+        await ensure_host_installed()
+    root = scratch_root("paperclip-heartbeat-")
+    api_key = f"emu-key-{secrets.token_hex(8)}"
+    try:
+        with anyio.fail_after(SCENARIO_BUDGET_S):
+            images = {STUB_IMAGE: STUB_IMAGE_DIR}
+            async with EmulatorProcess(root / "emulator", api_key, images=images) as emu:
+                server_env = agent_server_env(root)
+                async with PaperclipServer(
+                    root / "paperclip", secrets=[api_key], extra_env=server_env
+                ) as server:
+                    await _scenario(server, emu, api_key)
+                server_log = server.log_text()
+                assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
+                state = await emu.admin.state()
+                assert state["sandboxes"] == []
+                assert not [p for p in state["processes"] if p["tree_alive"]]
+                assert state["orphan_host_pids"] == []
+            assert emu.leftover_pids == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert cmdline_mentions(str(root)) == [], "a process still refers to the test's folder"
+    assert api_key not in server_log
+    assert "worker process crashed" not in server_log
+    print(f"\ne2e agent heartbeats: {time.monotonic() - started:.1f} s")
