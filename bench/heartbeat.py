@@ -44,10 +44,10 @@ from provider.devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_HOST_COMMAND,
     STUB_IMAGE,
-    STUB_IMAGE_DIR,
     AgentSite,
     agent_server_env,
     scratch_root,
+    stage_stub_image,
 )
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
 from provider.devtools.emulator_process import EmulatorProcess
@@ -76,6 +76,7 @@ class Measured:
     bridge_polls: int = 0
     log_tails: int = 0
     syncs: int = 0
+    sync_ms: list[float] = field(default_factory=list)  # each environmentSync* call
     by_endpoint: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -95,6 +96,7 @@ class Measured:
                 execute_p50_ms=round(_percentile(self.executes, 50), 1),
                 execute_p90_ms=round(_percentile(self.executes, 90), 1),
                 requests_per_execute=round(self.requests_per_execute, 2),
+                sync_ms=[round(ms) for ms in self.sync_ms],
                 by_endpoint=dict(sorted(self.by_endpoint.items(), key=lambda kv: -kv[1])),
             )
         return out
@@ -198,6 +200,7 @@ async def run_variant(
     measured.executes = [c["ms"] for c in calls if c["method"] == "environmentExecute"]
     syncs = [c for c in calls if c["method"].startswith("environmentSync")]
     measured.syncs = len(syncs)
+    measured.sync_ms = [c["ms"] for c in syncs]
     windows = [(c["start"], c["start"] + c["ms"] / 1000) for c in syncs]
     measured.execute_requests = sum(
         1
@@ -216,7 +219,7 @@ async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
     key = f"bench-{secrets.token_hex(6)}"
     results: list[Measured] = []
     try:
-        images = {STUB_IMAGE: STUB_IMAGE_DIR}
+        images = {STUB_IMAGE: stage_stub_image(root)}
         async with EmulatorProcess(root / "emulator", key, images=images) as emu:
             env = agent_server_env(root)
             async with PaperclipServer(root / "paperclip", secrets=[key], extra_env=env) as server:
@@ -273,6 +276,7 @@ def summarize(results: list[Measured]) -> dict[str, Any]:
             entry["ratio_to_local"] = round(wall / local, 1)
         if variant != "local":
             executes = [ms for m in runs for ms in m.executes]
+            sync_ms = [ms for m in runs for ms in m.sync_ms]
             entry.update(
                 requests_median=statistics.median(m.requests for m in runs),
                 executes_median=statistics.median(len(m.executes) for m in runs),
@@ -280,6 +284,8 @@ def summarize(results: list[Measured]) -> dict[str, Any]:
                 log_tails_median=statistics.median(m.log_tails for m in runs),
                 execute_p50_ms=round(_percentile(executes, 50), 1),
                 execute_p90_ms=round(_percentile(executes, 90), 1),
+                sync_p50_ms=round(_percentile(sync_ms, 50), 1),
+                sync_max_ms=round(max(sync_ms, default=0.0), 1),
                 requests_per_execute=round(
                     statistics.median(m.requests_per_execute for m in runs), 2
                 ),

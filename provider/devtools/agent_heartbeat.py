@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +47,18 @@ def scratch_root(prefix: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o711)  # traverse only: the postgres user and the sandbox uid need folders below
     return root
+
+
+def stage_stub_image(root: Path) -> Path:
+    """A copy of the stub image under ``root`` (a :func:`scratch_root`), for the emulator.
+
+    The sandboxes' unprivileged uid must traverse every parent of an image folder, which a
+    checkout under a private home (``/root/...``) does not allow; the scratch root does."""
+    target = root / "agent-image"
+    shutil.copytree(STUB_IMAGE_DIR, target, symlinks=True)
+    for folder in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)
+    return target
 
 
 def agent_server_env(root: Path) -> dict[str, str]:

@@ -28,10 +28,10 @@ from provider.devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_FILE,
     STUB_IMAGE,
-    STUB_IMAGE_DIR,
     AgentSite,
     agent_server_env,
     scratch_root,
+    stage_stub_image,
 )
 from provider.devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
 from provider.devtools.emulator_process import EmulatorProcess
@@ -53,7 +53,7 @@ async def run(keep: bool) -> int:
     try:
         say("starting the CreateOS emulator and the Paperclip server (first run installs it)")
         started = time.monotonic()
-        images = {STUB_IMAGE: STUB_IMAGE_DIR}
+        images = {STUB_IMAGE: stage_stub_image(root)}
         async with EmulatorProcess(root / "emulator", key, images=images) as emu:
             server_env = agent_server_env(root)
             async with PaperclipServer(

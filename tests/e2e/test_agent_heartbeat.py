@@ -28,11 +28,11 @@ from provider.devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_FILE,
     STUB_IMAGE,
-    STUB_IMAGE_DIR,
     AgentSite,
     HeartbeatRun,
     agent_server_env,
     scratch_root,
+    stage_stub_image,
 )
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from provider.devtools.emulator_process import EmulatorProcess
@@ -140,7 +140,7 @@ async def test_an_agent_heartbeat_runs_in_the_sandbox_and_leaves_nothing_behind(
     api_key = f"emu-key-{secrets.token_hex(8)}"
     try:
         with anyio.fail_after(SCENARIO_BUDGET_S):
-            images = {STUB_IMAGE: STUB_IMAGE_DIR}
+            images = {STUB_IMAGE: stage_stub_image(root)}
             async with EmulatorProcess(root / "emulator", api_key, images=images) as emu:
                 server_env = agent_server_env(root)
                 async with PaperclipServer(
