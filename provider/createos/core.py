@@ -227,24 +227,28 @@ class ClientCore:
                 cause = exc
                 error: CreateOSError = _connection_error(operation, exc)
                 retryable = retry_transport
-                retry_after = None
             else:
                 if 200 <= response.status_code < 300:
                     return response
                 error = _error_for(response, operation)
                 retryable = isinstance(error, APIStatusError) and error.status in retry_on
-                retry_after = error.retry_after if isinstance(error, APIStatusError) else None
             finally:
                 if body is not None:
                     body.close()
-            if isinstance(error, APIStatusError) and error.status == 429:
-                await self._pacer.penalize(error.retry_after)  # every worker holds
-            if retryable and await self._backoff(attempt, retry_after):
+            if await self._may_retry(error, retryable, attempt):
                 attempt += 1
                 continue
             if cause is not None:
                 raise error from cause
             raise error
+
+    async def _may_retry(self, error: CreateOSError, retryable: bool, attempt: int) -> bool:
+        """After a failed attempt: a 429 holds every worker's pacer for its Retry-After; then
+        wait before the next attempt when ``retryable`` and retries are left (see _backoff)."""
+        retry_after = error.retry_after if isinstance(error, APIStatusError) else None
+        if isinstance(error, APIStatusError) and error.status == 429:
+            await self._pacer.penalize(retry_after)
+        return retryable and await self._backoff(attempt, retry_after)
 
     async def _backoff(self, attempt: int, retry_after: float | None) -> bool:
         """Wait before retry ``attempt + 1``; False when no retry is left or the wait would
@@ -300,7 +304,6 @@ class ClientCore:
                 "GET", url, params=params, headers={"Accept": accept}, timeout=limits
             )
             cause: httpx.RequestError | None = None
-            retry_after: float | None = None
             error: CreateOSError
             try:
                 response = await self._http.send(request, stream=True)
@@ -315,10 +318,7 @@ class ClientCore:
                 retryable = retry_open and (
                     isinstance(error, APIStatusError) and error.status in IDEMPOTENT_RETRY
                 )
-                retry_after = error.retry_after if isinstance(error, APIStatusError) else None
-                if isinstance(error, APIStatusError) and error.status == 429:
-                    await self._pacer.penalize(error.retry_after)  # every worker holds
-            if retryable and await self._backoff(attempt, retry_after):
+            if await self._may_retry(error, retryable, attempt):
                 attempt += 1
                 continue
             if cause is not None:
