@@ -245,10 +245,8 @@ class SyncSession:
     # -- sandbox commands --------------------------------------------------------------------
 
     async def _control(self, script: str, what: str) -> None:
-        await self._run(script, ROOT, None, what)
-
-    async def _run(self, script: str, cwd: str, limit: float | None, what: str) -> None:
-        result = await self._command(script, cwd, limit)
+        """One control command (spec 5.3); a timeout or non-zero exit fails the transfer."""
+        result = await self._command(script)
         if result["timedOut"]:
             raise TransferError(f"{what} timed out in the sandbox.")
         if result["exitCode"] != 0:
@@ -256,7 +254,7 @@ class SyncSession:
 
     async def _run_steps(self, steps: list[sync_steps.Step], scratches: list[str]) -> None:
         """One sandbox command for the steps of an inbound operation; errors name the step."""
-        result = await self._command(sync_steps.operation_script(steps, scratches), ROOT, None)
+        result = await self._command(sync_steps.operation_script(steps, scratches))
         if not result["timedOut"] and result["exitCode"] == 0:
             return
         failed = sync_steps.failed_step(steps, result["stderr"])
@@ -266,14 +264,14 @@ class SyncSession:
         detail = failed.detail if failed is not None else result["stderr"]
         raise TransferError(_failure(label, result, detail))
 
-    async def _command(self, script: str, cwd: str, limit: float | None) -> dict[str, Any]:
+    async def _command(self, script: str) -> dict[str, Any]:
+        """``bash -c script`` in ROOT, no live logs, within what is left of the sync deadline."""
         remaining = anyio.current_effective_deadline() - anyio.current_time()
-        budget = remaining if limit is None else min(limit, remaining)
         return await run_command(
             self.client,
             self.sandbox_id,
             CommandSpec(
-                command="/bin/bash", args=["-c", script], cwd=cwd, timeout=max(budget, 0.001)
+                command="/bin/bash", args=["-c", script], cwd=ROOT, timeout=max(remaining, 0.001)
             ),
             on_output=None,
             cleanup_timeout=self.cleanup_timeout,
