@@ -12,6 +12,7 @@ interleaved in rounds; prints p50/p90 per mode and the ratio, writes bench/resul
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -23,26 +24,20 @@ from _common import API_KEY, emulator_process, environment_call, save_result
 
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
-from provider.createos.pacer import RequestPacer
+from provider.createos.pacer import ENV_INTERVAL_MS
 from provider.createos.pool import ConnectionPool
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService
 
 
-def _unpaced(origin: str) -> RequestPacer:
-    return RequestPacer(origin, interval=0.0, shared_dir=None)
-
-
 def per_call_client(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
-    return CreateOSClient(config.api_url, api_key, pacer=_unpaced(config.api_url))
+    return CreateOSClient(config.api_url, api_key)
 
 
 def pooled_factory(pool: ConnectionPool) -> Any:
     def factory(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
-        client = pool.client(config.api_url, api_key)
-        client._pacer = _unpaced(config.api_url)  # the bench measures connections, not pacing
-        return client
+        return pool.client(config.api_url, api_key)
 
     return factory
 
@@ -100,6 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commands", type=int, default=40)
     args = parser.parse_args()
+    os.environ[ENV_INTERVAL_MS] = "0"  # both modes unpaced: the bench measures connections
     result = anyio.run(run, args.commands)
     for mode, entry in result["summary"].items():
         print(f"{mode:9} p50 {entry['p50_ms']} ms, p90 {entry['p90_ms']} ms")

@@ -34,6 +34,7 @@ import anyio
 from _common import save_result
 
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, RequestPacer
+from provider.devtools.windows import max_in_window
 
 EVEN_INTERVAL = 0.3
 SERVICE_S = 0.03
@@ -69,16 +70,6 @@ class Run:
     name: str
     starts: list[float] = field(default_factory=list)
     bursts: list[float] = field(default_factory=list)  # issue to last start, seconds
-
-
-def max_in_window(starts: list[float], window: float) -> int:
-    times = sorted(starts)
-    best = end = 0
-    for begin, t in enumerate(times):
-        while end < len(times) and times[end] <= t + window:
-            end += 1
-        best = max(best, end - begin)
-    return best
 
 
 async def workload(

@@ -40,6 +40,7 @@ from provider.createos.pacer import (
     normalize_origin,
     pacer_for,
 )
+from provider.devtools.windows import max_in_window
 
 ORIGIN = "http://127.0.0.1:8790"
 TAU = DEFAULT_INTERVAL
@@ -109,18 +110,6 @@ def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
 
 
 # --- the window bound -------------------------------------------------------------------------
-
-
-def max_in_window(starts: Sequence[float], window: float) -> int:
-    """The most starts in any closed window ``[t, t + window]`` (the worst window begins at a
-    start, so sliding over the start times covers every window)."""
-    times = sorted(starts)
-    best = end = 0
-    for begin, t in enumerate(times):
-        while end < len(times) and times[end] <= t + window:
-            end += 1
-        best = max(best, end - begin)
-    return best
 
 
 def assert_window_bound(starts: Sequence[float], interval: float = TAU) -> None:

@@ -18,7 +18,8 @@ import pytest
 from provider.devtools.host_peer import HostPeer
 from provider.driver.output import DEFAULT_TAIL_LIMIT, LIVE_CHUNK_MAX, utf16_len
 from provider.emulator import Emulator
-from tests.host.test_driver_flows import CALL_TIMEOUT_MS, DROPPED_LOG, SHAPE, LogSink
+from tests.host.test_driver_flows import CALL_TIMEOUT_MS, DROPPED_LOG, LogSink
+from tests.reliability.call_params import environment_call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
@@ -33,18 +34,13 @@ class Session:
     lease: dict[str, Any]
 
     def common(self) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": "company-large",
-            "environmentId": "env-large",
-            "config": {
-                "apiUrl": self.emulator.base_url,
-                "apiKey": "test-key",
-                "shape": SHAPE,
-                "timeoutMs": 60_000,
-                "reuseLease": False,
-            },
-        }
+        return environment_call(
+            self.emulator.base_url,
+            "test-key",
+            company_id="company-large",
+            environment_id="env-large",
+            timeoutMs=60_000,
+        )
 
     async def execute(self, script: str, sink: LogSink) -> dict[str, Any]:
         params = {

@@ -7,12 +7,20 @@ from pathlib import Path
 from typing import Any
 
 
-def environment_call(base_url: str, api_key: str, **config: Any) -> dict[str, Any]:
-    """The common params of a driver call against ``base_url`` with ``api_key``."""
+def environment_call(
+    base_url: str,
+    api_key: str,
+    *,
+    company_id: str = "company-rel",
+    environment_id: str = "env-rel",
+    **config: Any,
+) -> dict[str, Any]:
+    """The common params of a driver call against ``base_url`` with ``api_key`` (``config``
+    overrides or adds config fields)."""
     return {
         "driverKey": "createos",
-        "companyId": "company-rel",
-        "environmentId": "env-rel",
+        "companyId": company_id,
+        "environmentId": environment_id,
         "config": {
             "apiUrl": base_url,
             "apiKey": api_key,

@@ -31,10 +31,10 @@ import pytest
 
 from provider.devtools.host_peer import REPO_ROOT, HostPeer, PeerCallError, wait_until_gone
 from provider.emulator import Emulator
+from tests.reliability.call_params import environment_call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
-SHAPE = "s-1vcpu-1gb"
 CALL_TIMEOUT_MS = 120_000
 WORKER_UNAVAILABLE = -32000
 EXIT_GUARD_S = 20.0
@@ -73,18 +73,13 @@ class Rig:
         await self.peer.start_worker(env=self.worker_env, auto_restart=auto_restart)
 
     def common(self) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "config": {
-                "apiUrl": self.emulator.base_url,
-                "apiKey": "test-key",
-                "shape": SHAPE,
-                "timeoutMs": 60_000,
-                "reuseLease": False,
-            },
-        }
+        return environment_call(
+            self.emulator.base_url,
+            "test-key",
+            company_id=self.company_id,
+            environment_id=self.environment_id,
+            timeoutMs=60_000,
+        )
 
     async def call(self, method: str, params: dict[str, Any], **extra: Any) -> Any:
         return await self.peer.call(method, params, timeout_ms=CALL_TIMEOUT_MS, **extra)

@@ -34,11 +34,11 @@ from provider.driver.service import DriverService
 from provider.emulator import Emulator
 from provider.rpc.dispatcher import Dispatcher
 from tests.driver.conftest import unpaced_client
+from tests.reliability.call_params import environment_call
 from tests.rpc.harness import FakeHost, serving
 
 pytestmark = pytest.mark.anyio
 
-SHAPE = "s-1vcpu-1gb"
 WS = "/paperclip-workspace"
 INVALID_PARAMS = -32602
 WORKER_ERROR = -32002
@@ -55,18 +55,13 @@ class Rig:
     leases: list[dict[str, Any]] = field(default_factory=list)
 
     def common(self) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "config": {
-                "apiUrl": self.emulator.base_url,
-                "apiKey": "test-key",
-                "shape": SHAPE,
-                "timeoutMs": 60_000,
-                "reuseLease": False,
-            },
-        }
+        return environment_call(
+            self.emulator.base_url,
+            "test-key",
+            company_id=self.company_id,
+            environment_id=self.environment_id,
+            timeoutMs=60_000,
+        )
 
     def fake_lease(self) -> dict[str, Any]:
         """Owned by this environment but never acquired: any HTTP use of it would show."""
