@@ -5,7 +5,10 @@ Every sandbox is one long-lived ``bwrap`` whose payload is the in-guest supervis
 ``/usr`` (and the usual ``/bin``, ``/lib`` symlinks) read-only, a synthetic ``/etc`` with a few
 host files bound read-only, fresh ``/proc`` and ``/dev``, and three writable binds of the
 sandbox's host-side state dir: ``/paperclip-workspace``, ``/tmp`` and ``/root`` (HOME). A
-folder image (``images.py``) adds read-only binds on top of that view.
+folder image (``images.py``) adds read-only binds on top of that view. The synthetic
+``/etc/profile`` (read by login shells, ``bash -lc``, which is how the worker runs commands) puts
+``$HOME/.local/bin`` first on ``PATH`` (creating it when missing), so tests can install fake agent
+CLIs there; other processes get :data:`GUEST_PATH`.
 
 When the emulator runs as root, bwrap itself runs as an unprivileged host uid (``GUEST_UID``)
 inside a user namespace mapping it to guest uid 0, so guest "root" has no power on the host.
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GUEST_UID = 65534
-GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # non-login shells
+HOME_BIN = ".local/bin"  # under HOME: first on PATH in login shells (see write_guest_etc)
 SUPERVISOR_GUEST_DIR = "/run/createos"  # the supervisor and its helper modules
 SUPERVISOR_GUEST_PATH = f"{SUPERVISOR_GUEST_DIR}/supervisor.py"
 INSTALL_HINT = (
@@ -104,7 +108,10 @@ def write_guest_etc(etc_dir: Path, hostname: str) -> None:
         "hostname": f"{hostname}\n",
         "hosts": f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n::1 localhost\n",
         "profile": (
-            f'export PATH="{GUEST_PATH}"\n'
+            "# Login shells: the guest's writable ~/.local/bin (fake agent CLIs) comes first.\n"
+            f'export PATH="${{HOME:-/root}}/{HOME_BIN}:{GUEST_PATH}"\n'
+            f'[ -d "${{HOME:-/root}}/{HOME_BIN}" ] || mkdir -p "${{HOME:-/root}}/{HOME_BIN}" '
+            "2>/dev/null || :\n"
             "export LANG=C.UTF-8\n"
             "if [ -d /etc/profile.d ]; then\n"
             '  for f in /etc/profile.d/*.sh; do [ -r "$f" ] && . "$f"; done; unset f\n'

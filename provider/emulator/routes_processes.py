@@ -140,18 +140,22 @@ async def resize(ctx: Ctx) -> Response:
     sandbox, process = process_of(ctx)
     body = await json_body(ctx)
     require_running(sandbox)
-    size = _pty_size(body, "size")
+    size = _pty_size(body, "size", required=True)
     if process.pty_fd is None or size is None:
         raise conflict("resize needs a running PTY process")
     process.resize(size["rows"], size["cols"])
     return ok({"ok": True})
 
 
-def _pty_size(raw: object, field: str) -> dict[str, int] | None:
+def _pty_size(raw: object, field: str, *, required: bool = False) -> dict[str, int] | None:
+    """A terminal size: integer ``rows`` and ``cols`` from 1 to 1000 (bools and strings are
+    refused). At create a missing one defaults to 24 x 80; a resize must name both."""
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise bad_request(field, "must be an object with rows and cols")
+    if required and not ("rows" in raw and "cols" in raw):
+        raise bad_request(field, "rows and cols are required")
     size = {"rows": raw.get("rows", 24), "cols": raw.get("cols", 80)}
     for name, value in size.items():
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .bwrap import GUEST_PATH, GuestRuntime, write_guest_etc
+from .bwrap import GUEST_PATH, HOME_BIN, GuestRuntime, write_guest_etc
 from .catalog import BANDWIDTH_QUOTA_BYTES, DEFAULT_DISK_MIB
 from .guest import ChildWatch, Guest, GuestGone
 from .ids import new_id, utc_now
@@ -211,17 +211,24 @@ class Sandbox:
             image_mounts=mounts,
         )
 
-    def _prepare_dirs(self) -> None:
+    def _prepare_dirs(self, *, seed_home: bool = True) -> None:
+        """Create the state dir and the guest trees; a freshly created HOME gets an empty
+        ``.local/bin`` (first on the login ``PATH``) unless ``seed_home`` is false (a fork
+        target, whose HOME is copied from its source)."""
         uid = self.runtime.drop_to_uid
         for path in (self.state_dir, self.fs_dir):
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o711)
         for tree in GUEST_TREES:
             path = self.fs_dir / tree
+            fresh = not path.exists()
             path.mkdir(exist_ok=True)
             path.chmod(0o700)
             if uid is not None:
                 os.chown(path, uid, uid)
+            if tree == "root" and fresh and seed_home:
+                # Only into a tree just made: the guest cannot have planted a symlink yet.
+                _guest_mkdirs(path, HOME_BIN, uid)
         write_guest_etc(self.state_dir / "etc", self.spec.name)
 
     def start_soon(self, func: Callable[[], Awaitable[Any]]) -> None:
@@ -306,7 +313,7 @@ class Sandbox:
 
     def copy_fs_to(self, other: Sandbox) -> None:
         """Copy the guest trees into ``other`` (blocking; run as the guest uid on root hosts)."""
-        other._prepare_dirs()
+        other._prepare_dirs(seed_home=False)
         kwargs: dict[str, Any] = {}
         uid = self.runtime.drop_to_uid
         if uid is not None:
@@ -415,6 +422,17 @@ class Sandbox:
                 continue
             if anyio.current_time() - self.last_activity >= limit:
                 await self.pause()
+
+
+def _guest_mkdirs(base: Path, relative: str, uid: int | None) -> None:
+    """``mkdir -p base/relative`` (mode 0755), each new directory owned by the guest uid."""
+    path = base
+    for part in Path(relative).parts:
+        path = path / part
+        path.mkdir(exist_ok=True)
+        path.chmod(0o755)  # whatever the umask
+        if uid is not None:
+            os.chown(path, uid, uid, follow_symlinks=False)
 
 
 async def guarded(func: Callable[[], Awaitable[Any]]) -> None:
