@@ -42,7 +42,36 @@ def test_manifest_declares_one_createos_sandbox_provider() -> None:
     assert driver["driverKey"] == "createos"
     assert driver["kind"] == "sandbox_provider"
     assert driver["supportsReusableLeases"] is True
-    assert driver["sandboxCapabilities"] == {"incrementalSessionOutput": True}
+    assert driver["sandboxCapabilities"] == {
+        "incrementalSessionOutput": True,
+        "duplexCommandStream": True,
+    }
+    assert driver["supportsLoginPty"] is True
+    assert "supportsSetupTokenLogin" not in driver  # the deprecated alias must never disagree
     assert len(driver["displayName"]) <= 100
     assert len(driver["description"]) <= 500
     assert len(manifest["description"]) <= 500
+
+
+def test_declared_interactive_features_match_the_served_verb_groups() -> None:
+    """A flag without its verbs makes the host's close fail and kill the worker; verbs without
+    the flag are never used (host-protocol.md 10.1). Both sides must agree."""
+    from provider.driver.methods import VERBS
+
+    (driver,) = _json("manifest.json")["environmentDrivers"]
+    groups = {
+        "supportsLoginPty": ("loginPtyOpen", "loginPtyInput", "loginPtyStop", "loginPtyClose"),
+        "duplexCommandStream": (
+            "duplexChannelOpen",
+            "duplexChannelWrite",
+            "duplexChannelStop",
+            "duplexChannelClose",
+        ),
+    }
+    declared = {
+        "supportsLoginPty": driver.get("supportsLoginPty") is True,
+        "duplexCommandStream": driver["sandboxCapabilities"].get("duplexCommandStream") is True,
+    }
+    for flag, verbs in groups.items():
+        served = [verb in VERBS for verb in verbs]
+        assert all(served) == declared[flag] and any(served) == declared[flag], flag

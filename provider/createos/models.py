@@ -82,10 +82,11 @@ class ProcessView(msgspec.Struct, frozen=True):
 
 
 class DataFrame(msgspec.Struct, frozen=True, gc=False):
-    """One validated output chunk: its sequence number, stream and raw bytes."""
+    """One validated output chunk: its sequence number, stream and raw bytes (``pty``: the
+    terminal of a process created with one)."""
 
     seq: int
-    stream: Literal["stdout", "stderr"]
+    stream: Literal["stdout", "stderr", "pty"]
     data: bytes
 
 

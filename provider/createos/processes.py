@@ -18,20 +18,42 @@ from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
 
 MAX_INPUT_BYTES: Final = 256 * 1024  # decoded bytes per /input request
+SIGNALS: Final = (
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGKILL",
+    "SIGTERM",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGWINCH",
+)
 
 
 class ProcessCalls(ClientCore):
     """``/sandboxes/{id}/processes`` and ``.../processes/{pid}`` (and its stdin and output)."""
 
     async def create_process(
-        self, sandbox_id: str, *, cmd: str, args: Sequence[str], cwd: str | None = None
+        self,
+        sandbox_id: str,
+        *,
+        cmd: str,
+        args: Sequence[str],
+        cwd: str | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> ProcessView:
-        """``POST .../processes``. Repeated only on 429; any other failure is raised once."""
+        """``POST .../processes``. Repeated only on 429; any other failure is raised once.
+
+        ``pty`` = (rows, cols) gives the process a terminal of that size: its output then
+        arrives as ``pty`` frames only, and ``/input`` is typed into the terminal."""
         operation = "start process"
         require_id(sandbox_id, "sandbox")
         body: dict[str, Any] = {"cmd": cmd, "args": list(args)}
         if cwd is not None:
             body["cwd"] = cwd
+        if pty is not None:
+            rows, cols = pty
+            body["pty"] = {"rows": rows, "cols": cols}
         data = await self._json_call(
             "POST", f"/sandboxes/{sandbox_id}/processes", operation=operation, json=body
         )
@@ -58,6 +80,14 @@ class ProcessCalls(ClientCore):
             "DELETE", url, operation=operation, params={"grace_ms": grace_ms}
         )
         return process_view(data, operation)
+
+    async def signal_process(self, sandbox_id: str, process_id: str, signal: str) -> None:
+        """``POST .../processes/{pid}/signal``: the process group (the foreground group of a
+        PTY). ``signal`` is a ``SIG*`` name the API allows (``SIGTERM``, ``SIGINT``, ...)."""
+        if signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(SIGNALS)}")
+        url = self._process_url(sandbox_id, process_id) + "/signal"
+        await self._json_call("POST", url, operation="signal process", json={"signal": signal})
 
     async def close_stdin(self, sandbox_id: str, process_id: str) -> None:
         """``POST .../processes/{pid}/stdin/close``; 409 (already closed) raises Conflict."""

@@ -215,7 +215,7 @@ class FrameParser:
                 f"CreateOS output stream skipped from seq {self.cursor} to {seq}: output was lost."
             )
         stream = raw.stream
-        if stream != "stdout" and stream != "stderr":
+        if stream != "stdout" and stream != "stderr" and stream != "pty":
             raise MalformedFrame("CreateOS output stream sent a data frame for an unknown stream.")
         if raw.data_base64 is None:
             raise MalformedFrame("CreateOS output stream sent a data frame without data.")

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import anyio
 
 from provider.createos.client import MAX_INPUT_BYTES, CreateOSClient
-from provider.createos.errors import APIStatusError, Conflict, NotFound
+from provider.createos.errors import APIStatusError, Conflict, MalformedFrame, NotFound
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.driver.output import StreamDecoder, TailBuffer
@@ -208,6 +208,8 @@ async def _start_and_follow(
     async with contextlib.aclosing(frames):  # close the stream at once when stopped early
         async for frame in frames:
             if isinstance(frame, DataFrame):
+                if frame.stream == "pty":
+                    raise MalformedFrame("CreateOS sent terminal output for a pipe process.")
                 await run.emit(frame.stream, run.decoders[frame.stream].feed(frame.data), on_output)
             elif isinstance(frame, ExitFrame):
                 run.exit = frame

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -44,6 +44,8 @@ GONE: dict[str, Any] = {"providerLeaseId": None, "metadata": {"expired": True}}
 
 LeaseHook = Callable[[BoundCall, str], None]
 """Told the call and the lease id of a reusable or kept lease; returns at once."""
+TeardownHook = Callable[[BoundCall, str], Awaitable[None]]
+"""Awaited by release and destroy before the sandbox is touched (closes terminals, channels)."""
 
 
 # -- acquire -------------------------------------------------------------------------------
@@ -276,6 +278,7 @@ async def release(
     *,
     destroy: bool,
     on_kept: LeaseHook | None = None,
+    before_teardown: TeardownHook | None = None,
 ) -> dict[str, Any] | None:
     if not params.providerLeaseId:
         return None
@@ -287,6 +290,8 @@ async def release(
         runtime.tracker.closing(scope, f"the lease was {verb}"),
         runtime.client_factory(call.config, call.api_key) as client,
     ):
+        if before_teardown is not None:  # its unconfirmed stops poison the lease (2.5.3)
+            await before_teardown(call, sandbox_id)
         if destroy or not is_keepable(call.config, params.leaseMetadata):
             with deadline(call.timeout, "Deleting the CreateOS sandbox"):
                 await delete_sandbox_confirmed(client, sandbox_id)

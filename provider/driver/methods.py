@@ -21,7 +21,8 @@ MethodHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 
-#: The environment verbs this worker implements, in the order ``supportedMethods`` lists them.
+#: The verbs this worker implements: the environment verbs, then the login-terminal and
+#: duplex-channel groups (``supportedMethods`` lists them in this order).
 VERBS: tuple[str, ...] = (
     "environmentValidateConfig",
     "environmentProbe",
@@ -33,6 +34,14 @@ VERBS: tuple[str, ...] = (
     "environmentExecute",
     "environmentSyncIn",
     "environmentSyncOut",
+    "loginPtyOpen",
+    "loginPtyInput",
+    "loginPtyStop",
+    "loginPtyClose",
+    "duplexChannelOpen",
+    "duplexChannelWrite",
+    "duplexChannelStop",
+    "duplexChannelClose",
 )
 
 _service: DriverService | None = None

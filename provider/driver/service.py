@@ -17,9 +17,11 @@ import anyio
 
 from provider.config import validate_config
 from provider.driver import leases
+from provider.driver.channels import DuplexChannels
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
-from provider.driver.journal import LeaseJournal
+from provider.driver.interactive import Interactive
 from provider.driver.live import LiveRelay
+from provider.driver.login import LoginTerminals
 from provider.driver.params import (
     AcquireParams,
     CallParams,
@@ -30,9 +32,11 @@ from provider.driver.params import (
     decode_params,
 )
 from provider.driver.probe import probe
+from provider.driver.process_records import JournaledProcesses
 from provider.driver.reaper import Reaper
 from provider.driver.recovery import claim_lease
-from provider.driver.runtime import DriverRuntime, bind_call, deadline
+from provider.driver.registry import LeaseRef
+from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline
 from provider.driver.sync import SyncSession
 from provider.driver.sync_plan import Direction, plan_sync
 from provider.driver.tracker import ScopeKey
@@ -52,6 +56,9 @@ class DriverService:
         self.notify = notify
         self.log = log
         self.reaper = reaper if reaper is not None else Reaper(runtime, log)
+        self.interactive = Interactive(runtime, notify=notify, log=log)
+        self.login = LoginTerminals(self.interactive)
+        self.channels = DuplexChannels(self.interactive)
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -65,11 +72,25 @@ class DriverService:
             "environmentExecute": self.execute,
             "environmentSyncIn": self.sync_in,
             "environmentSyncOut": self.sync_out,
+            "loginPtyOpen": self.login.open,
+            "loginPtyInput": self.login.input,
+            "loginPtyStop": self.login.stop,
+            "loginPtyClose": self.login.close,
+            "duplexChannelOpen": self.channels.open,
+            "duplexChannelWrite": self.channels.write,
+            "duplexChannelStop": self.channels.stop,
+            "duplexChannelClose": self.channels.close,
         }
 
     async def shutdown(self) -> None:
+        """Cancel tracked work and close every terminal and channel, within one budget."""
+        self.runtime.tracker.shutting_down = True  # opens refuse from here on
+        async with anyio.create_task_group() as group:
+            group.start_soon(lambda: self.runtime.tracker.shutdown(budget=SHUTDOWN_BUDGET))
+            with anyio.move_on_after(SHUTDOWN_BUDGET):
+                await self.interactive.close_all()
+        self.interactive.registry.clear()
         self.runtime.background.cancel()  # a sweep in flight is housekeeping: drop it
-        await self.runtime.tracker.shutdown(budget=SHUTDOWN_BUDGET)
         with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
             await self.runtime.pool.aclose()  # the work is over: close the shared connections
 
@@ -85,26 +106,48 @@ class DriverService:
 
     async def acquire(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, AcquireParams, "environmentAcquireLease")
-        return await leases.acquire(self.runtime, decoded, on_reusable=self.reaper.after_acquire)
+        lease = await leases.acquire(self.runtime, decoded, on_reusable=self.reaper.after_acquire)
+        self._register(decoded, lease.get("providerLeaseId"))
+        return lease
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseIdParams, "environmentResumeLease")
         with self.reaper.in_use(decoded.providerLeaseId):
-            return await leases.resume(self.runtime, decoded)
+            lease = await leases.resume(self.runtime, decoded)
+        self._register(decoded, lease.get("providerLeaseId"))
+        return lease
 
     async def release(self, params: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_params(params, LeaseIdParams, "environmentReleaseLease")
         return await leases.release(
-            self.runtime, decoded, destroy=False, on_kept=self.reaper.after_keep
+            self.runtime,
+            decoded,
+            destroy=False,
+            on_kept=self.reaper.after_keep,
+            before_teardown=self._close_sessions,
         )
 
     async def destroy(self, params: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_params(params, LeaseIdParams, "environmentDestroyLease")
-        return await leases.release(self.runtime, decoded, destroy=True)
+        return await leases.release(
+            self.runtime, decoded, destroy=True, before_teardown=self._close_sessions
+        )
 
     async def realize(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseParams, "environmentRealizeWorkspace")
-        return await leases.realize(self.runtime, decoded)
+        result = await leases.realize(self.runtime, decoded)
+        self._register(decoded, decoded.lease.providerLeaseId)
+        return result
+
+    def _register(self, params: CallParams, lease_id: Any) -> None:
+        """2.12: an owned call (re)registers its lease for terminal and channel opens."""
+        if isinstance(lease_id, str) and lease_id:
+            self.interactive.register(bind_call(self.runtime, params), lease_id)
+
+    async def _close_sessions(self, call: BoundCall, lease_id: str) -> None:
+        """Release and destroy: forget the lease, then close its terminals and channels."""
+        self.interactive.forget(call, lease_id)
+        await self.interactive.close_lease(LeaseRef(call.company_id, call.environment_id, lease_id))
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -112,6 +155,7 @@ class DriverService:
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
         scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
+        self.interactive.register(call, scope.lease_id)
         timeout = (
             call.timeout
             if p.timeoutMs is None
@@ -167,6 +211,7 @@ class DriverService:
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
         scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
+        self.interactive.register(call, scope.lease_id)
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
         async with (
@@ -198,17 +243,3 @@ class DriverService:
             with anyio.CancelScope(shield=True):
                 await self.runtime.poison(scope)
             raise
-
-
-class JournaledProcesses:
-    """Records a lease's started processes in the journal until they are known to have ended."""
-
-    def __init__(self, journal: LeaseJournal, scope: ScopeKey) -> None:
-        self.journal = journal
-        self.scope = scope
-
-    async def started(self, process_id: str) -> None:
-        await anyio.to_thread.run_sync(self.journal.add_process, self.scope, process_id)
-
-    async def ended(self, process_id: str) -> None:
-        await anyio.to_thread.run_sync(self.journal.remove_process, process_id)

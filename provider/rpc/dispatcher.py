@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 
 from provider.errors import InvalidParams, ProviderError
+from provider.replies import AfterReply
 from provider.rpc import wire
 from provider.rpc.calllog import CallLog
 from provider.rpc.handshake import ENVIRONMENT_METHOD_ORDER, supported_methods
@@ -233,8 +234,9 @@ class Dispatcher:
         arrived = time.monotonic()
         try:
             response: dict[str, Any] | None = None
+            written: Callable[[], None] | None = None
             with scope:
-                response = await self._respond(request)
+                response, written = await self._respond(request)
             if response is None:  # our own scope was cancelled: the worker is shutting down
                 response = wire.error_message(
                     request.id,
@@ -244,7 +246,11 @@ class Dispatcher:
             reply_scope = self._reply_scope()
             try:
                 with reply_scope:
-                    await self._send_reply(response)
+                    try:
+                        await self._send_reply(response)
+                    finally:
+                        if written is not None:
+                            written()  # the session's notifications may follow now
                     if self._call_log is not None:
                         await self._call_log.record(
                             request.method, arrived, "error" not in response
@@ -256,7 +262,10 @@ class Dispatcher:
             if not self._active and self._idle is not None:
                 self._idle.set()
 
-    async def _respond(self, request: wire.Request) -> dict[str, Any]:
+    async def _respond(
+        self, request: wire.Request
+    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """The response, and what to call once it is written (see :class:`AfterReply`)."""
         method = request.method
         handler = self._handler_for(method)
         if handler is None:
@@ -265,26 +274,28 @@ class Dispatcher:
                     request.id,
                     wire.METHOD_NOT_IMPLEMENTED,
                     f"{method} is not implemented by this plugin",
-                )
+                ), None
             return wire.error_message(
                 request.id, wire.METHOD_NOT_FOUND, f"Method not found: {method}"
-            )
+            ), None
         if not request.has_params or not isinstance(request.params, dict):
             return wire.error_message(
                 request.id, wire.INVALID_PARAMS, f"Invalid params: {method} expects an object"
-            )
+            ), None
         if not self._initialized and method != "initialize":
             return wire.error_message(
                 request.id,
                 wire.WORKER_ERROR,
                 f"{method} refused: the worker has not been initialized yet",
-            )
+            ), None
         try:
             result = await handler(request.params)
         except Exception as exc:
             code, text = error_for_exception(method, exc)
-            return wire.error_message(request.id, code, text)
-        return wire.result_message(request.id, result)
+            return wire.error_message(request.id, code, text), None
+        if isinstance(result, AfterReply):
+            return wire.result_message(request.id, result.result), result.written
+        return wire.result_message(request.id, result), None
 
     def _reply_scope(self) -> anyio.CancelScope:
         """The scope a request's reply is written in.

@@ -31,11 +31,27 @@ ENVIRONMENT_METHOD_ORDER: Final = (
 )
 
 
+# The interactive verb groups (host-protocol.md 10.1), listed after the environment verbs.
+INTERACTIVE_METHOD_ORDER: Final = (
+    "loginPtyOpen",
+    "loginPtyInput",
+    "loginPtyStop",
+    "loginPtyClose",
+    "duplexChannelOpen",
+    "duplexChannelWrite",
+    "duplexChannelStop",
+    "duplexChannelClose",
+)
+
+
 def supported_methods(names: Iterable[str]) -> tuple[str, ...]:
-    """The ``environment*`` names, canonical verbs first in spec order, others after."""
+    """The ``environment*`` names (canonical verbs first in spec order, others after), then the
+    served interactive verbs (login PTY, duplex channels) in spec order."""
+    names = list(names)
     env = [name for name in names if name.startswith("environment")]
-    ordered = [name for name in ENVIRONMENT_METHOD_ORDER if name in env]
-    return tuple(ordered + [name for name in env if name not in ordered])
+    ordered: list[str] = [name for name in ENVIRONMENT_METHOD_ORDER if name in env]
+    interactive: list[str] = [name for name in INTERACTIVE_METHOD_ORDER if name in names]
+    return tuple(ordered + [name for name in env if name not in ordered] + interactive)
 
 
 def guard_stdout() -> int:

@@ -1,0 +1,23 @@
+"""Where a lease's managed processes are recorded until they are known to have ended: the
+journal, so that a worker that crashed leaves nothing running unseen (:mod:`recovery`)."""
+
+from __future__ import annotations
+
+import anyio
+
+from provider.driver.journal import LeaseJournal
+from provider.driver.tracker import ScopeKey
+
+
+class JournaledProcesses:
+    """Records a lease's started processes in the journal until they are known to have ended."""
+
+    def __init__(self, journal: LeaseJournal, scope: ScopeKey) -> None:
+        self.journal = journal
+        self.scope = scope
+
+    async def started(self, process_id: str) -> None:
+        await anyio.to_thread.run_sync(self.journal.add_process, self.scope, process_id)
+
+    async def ended(self, process_id: str) -> None:
+        await anyio.to_thread.run_sync(self.journal.remove_process, process_id)
