@@ -169,6 +169,30 @@ class AgentSite:
         """The agent's host workspace (the fallback one: no project, no prior session)."""
         return self.server.data_dir / "instances" / "default" / "workspaces" / agent_id
 
+    async def set_duplex_bridge(self, enabled: bool) -> None:
+        """The instance's experimental ``enableSandboxDuplexBridge``: with it, and a provider
+        that declares ``duplexCommandStream``, the agent's API calls travel over one duplex
+        channel instead of a request folder polled through commands (agent-run.md 3.5)."""
+        answer = await self.client.patch(
+            "/api/instance/settings/experimental", json={"enableSandboxDuplexBridge": enabled}
+        )
+        _json(answer, 200)
+
+    async def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        answer = await self.client.get(f"/api/heartbeat-runs/{run_id}/events")
+        value = _json(answer, 200)
+        assert isinstance(value, list)
+        return value
+
+    async def bridge_transport(self, run_id: str) -> dict[str, Any] | None:
+        """The payload of the run's ``sandbox.duplex.transport`` event: ``transport`` is
+        ``http2`` (a duplex channel) or ``file`` (with a ``fallback_reason``)."""
+        for event in await self.run_events(run_id):
+            if event.get("eventType") == "sandbox.duplex.transport":
+                payload = event.get("payload")
+                return payload if isinstance(payload, dict) else None
+        return None
+
     async def leases(self, environment_id: str) -> list[dict[str, Any]]:
         answer = await self.client.get(f"/api/environments/{environment_id}/leases")
         value = _json(answer, 200)

@@ -4,10 +4,12 @@ The server (2026.916.1, installed from npm on first use) leases a sandbox from o
 ``claude_local`` agent whose CLI is the stub in ``agent-image/`` (served by the emulator as an
 image, so nothing is written into the host's system folders), syncs the workspace and runtime
 assets in, runs the CLI there with live run logs, serves its Paperclip API call through the
-callback bridge, syncs the workspace back and releases the lease. Two heartbeats: the second
-sees the first one's file. ``reuseLease`` is on, yet a plain heartbeat has no execution
-workspace, so its lease is not reusable and every sandbox is deleted (provider-behavior.md
-2.10.1). Fails, never skips, when Node or the server cannot be installed.
+callback bridge, syncs the workspace back and releases the lease. Three heartbeats: the second
+sees the first one's file; the third runs with the instance's experimental duplex bridge on, so
+its API call travels over one of our duplex channels instead of the polled request folder.
+``reuseLease`` is on, yet a plain heartbeat has no execution workspace, so its lease is not
+reusable and every sandbox is deleted (provider-behavior.md 2.10.1). Fails, never skips, when
+Node or the server cannot be installed.
 """
 
 from __future__ import annotations
@@ -64,6 +66,19 @@ def _process_sandboxes(requests: list[dict[str, Any]]) -> set[str]:
     return found
 
 
+def _polls_request_folder(process: dict[str, Any]) -> bool:
+    """A command of the host's file bridge listing its request folder (agent-run.md 3.5)."""
+    text = " ".join(process.get("args", []))
+    return "for file in" in text and "requests" in text and "*.json" in text
+
+
+def _runs_duplex_gateway(process: dict[str, Any]) -> bool:
+    """A duplex channel's process (``bash -c``; commands run under ``bash -lc``) running the
+    host's bridge gateway."""
+    args = process.get("args", [])
+    return args[:1] == ["-c"] and "paperclip-bridge-server.mjs" in " ".join(args)
+
+
 def _assert_ran_in_sandbox(run: HeartbeatRun, number: int) -> None:
     assert run.status == "succeeded", run.error
     assert run.stub_values("cwd") == [ROOT]
@@ -117,12 +132,35 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str)
             f"heartbeat 1 ran in {ROOT}",
             f"heartbeat 2 ran in {ROOT}",
         ]
+        file_bridge = await emu.admin.process_history()
+        assert [first.stub_values("bridge-mode"), second.stub_values("bridge-mode")] == [
+            ["queue_v1"],
+            ["queue_v1"],
+        ]
+        assert any(_polls_request_folder(p) for p in file_bridge), "the file bridge polled"
+        assert not any(_runs_duplex_gateway(p) for p in file_bridge)
+
+        # The instance's experimental duplex bridge: the agent's API call travels over one
+        # duplex channel of ours, and no command polls a request folder any more.
+        await site.set_duplex_bridge(True)
+        third = await site.heartbeat(agent_id)
+        _assert_ran_in_sandbox(third, 3)
+        assert third.stub_values("bridge-mode") == ["http2_v1"]
+        transport = await site.bridge_transport(third.run_id)
+        assert transport is not None, "no sandbox.duplex.transport event"
+        assert (transport.get("transport"), transport.get("outcome")) == ("http2", "ok")
+        leases = await site.wait_released(environment_id, 3)
+        assert [x["cleanupStatus"] for x in leases] == ["success"] * 3
+        duplex_bridge = (await emu.admin.process_history())[len(file_bridge) :]
+        assert [p for p in duplex_bridge if _runs_duplex_gateway(p)], "no duplex channel ran"
+        assert len([p for p in duplex_bridge if _runs_duplex_gateway(p)]) == 1
+        assert not [p for p in duplex_bridge if _polls_request_folder(p)]
 
     requests = await emu.admin.requests()
     calls = _lifecycle(requests)
     created = [path for method, path in calls if method == "POST"]
     sandboxes = [x["providerLeaseId"] for x in leases]
-    assert created == ["/v1/sandboxes"] * 2
+    assert created == ["/v1/sandboxes"] * 3
     assert sorted(path for method, path in calls if method == "DELETE") == sorted(
         f"/v1/sandboxes/{sid}" for sid in sandboxes
     ), "a plain heartbeat's lease is not reusable: deleted on release even with reuseLease"
