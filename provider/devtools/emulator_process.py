@@ -52,7 +52,9 @@ class EmulatorProcess:
 
     async def __aenter__(self) -> Self:
         argv = [sys.executable, "-m", "provider.emulator", "--host", "127.0.0.1", "--port", "0"]
-        argv += ["--api-key", self.api_key, "--admin-token", self._token]
+        # NAME=VALUE: a token_urlsafe value may start with "-", which argparse would take
+        # for an option (1 run in 64 failed to start the emulator).
+        argv += [f"--api-key={self.api_key}", f"--admin-token={self._token}"]
         argv += ["--data-dir", str(self.data_dir)]
         for name, folder in self.images.items():
             argv += ["--image", f"{name}={folder}"]
