@@ -289,3 +289,49 @@ async def test_opens_on_unknown_leases_bad_drivers_and_busy_routes_are_refused(
         await h.methods.channels.open({**open_params(h, lease, "r2"), "command": "cat"})
     assert await h.request_count() == count
     await h.methods.channels.close({"hostRouteId": ROUTE})
+
+
+async def test_oversized_writes_are_refused_and_100_malformed_ones_stop_the_channel(
+    harness: Harness,
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    session = await open_channel(h, lease, ["cat"])
+    with pytest.raises(InvalidParams, match="8 MiB"):
+        await write(h, ROUTE, session, b"x" * (8 * 1024 * 1024 + 1))
+    await write(h, ROUTE, session, b"still up")
+    await until(lambda: channel_bytes(h, ROUTE) == b"still up")
+    for _ in range(99):
+        with pytest.raises(InvalidParams, match="base64"):
+            await h.methods.channels.write(
+                {"hostRouteId": ROUTE, "workerSessionId": session, "data": "%%%%"}
+            )
+    assert not notes(h, "duplexChannel.exit", ROUTE)
+    with pytest.raises(InvalidParams, match="stopped"):
+        await h.methods.channels.write(
+            {"hostRouteId": ROUTE, "workerSessionId": session, "data": "%%%%"}
+        )
+    assert notes(h, "duplexChannel.exit", ROUTE)[0]["exitCode"] is None
+    with pytest.raises(RequestRefused):
+        await write(h, ROUTE, session, b"x")
+    assert await h.emulator.admin.live_process_count() == 0
+
+
+async def test_a_worker_that_never_saw_the_lease_refuses_to_open_on_it(harness: Harness) -> None:
+    """2.12: the registry is in memory; a restarted worker has not seen the lease."""
+    from provider.driver.service import DriverService
+
+    h = harness
+    lease = await h.acquire()
+
+    async def ignore(*args: Any) -> None:
+        return None
+
+    fresh = DriverService(h.methods.runtime, notify=ignore, log=ignore)
+    count = await h.request_count()
+    with pytest.raises(RequestRefused, match="restarted"):
+        await fresh.channels.open(open_params(h, lease, ROUTE, command=["cat"]))
+    assert await h.request_count() == count
+    await fresh.execute({**h.with_lease(lease), "command": "true"})  # an owned call registers
+    await answered(await fresh.channels.open(open_params(h, lease, ROUTE, command=["cat"])))
+    await fresh.channels.close({"hostRouteId": ROUTE})

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from provider.errors import ConfigError, InvalidParams, ProviderError
+from provider.replies import AfterReply
 from provider.rpc import dispatcher as dispatcher_module
 from provider.rpc.dispatcher import Dispatcher, HostCallError, current_invocation_id
 from tests.rpc.harness import MemoryByteReceiveStream, MemoryByteSendStream, serving
@@ -445,3 +446,45 @@ async def test_losing_the_output_stream_winds_the_worker_down() -> None:
             await to_worker_send.send(b'{"jsonrpc":"2.0","id":1,"method":"health","params":{}}\n')
             with anyio.fail_after(10):
                 await cleanup_started.wait()  # started by the failed write, input still open
+
+
+async def test_an_after_reply_result_lets_its_notifications_follow_the_written_reply() -> None:
+    """A session's output may be ready before its open's answer is written: it must wait."""
+    written = anyio.Event()
+    calls: list[str] = []
+
+    async def session_output() -> None:
+        await written.wait()
+        await dispatcher.notify("loginPty.output", {"chunk": "after"})
+
+    def on_written() -> None:
+        calls.append("written")
+        written.set()
+
+    async def open_session(params: dict[str, Any]) -> AfterReply:
+        tg.start_soon(session_output)
+        await anyio.wait_all_tasks_blocked()  # the output task is waiting
+        return AfterReply({"workerSessionId": "pty-1"}, on_written)
+
+    dispatcher = Dispatcher({"loginPtyOpen": open_session})
+    async with anyio.create_task_group() as tg, serving(dispatcher) as host:
+        await host.initialize()
+        request_id = await host.send_request("loginPtyOpen", {})
+        first = await host.receive()
+        second = await host.receive()
+    assert first == {"jsonrpc": "2.0", "id": request_id, "result": {"workerSessionId": "pty-1"}}
+    assert second["method"] == "loginPty.output"
+    assert calls == ["written"]
+
+
+async def test_after_reply_is_told_even_when_its_result_cannot_be_encoded() -> None:
+    told: list[bool] = []
+
+    async def open_session(params: dict[str, Any]) -> AfterReply:
+        return AfterReply({"bad": object()}, lambda: told.append(True))
+
+    async with serving(Dispatcher({"duplexChannelOpen": open_session})) as host:
+        await host.initialize()
+        response = await host.request("duplexChannelOpen", {})
+    assert response["error"]["code"] == -32002
+    assert told == [True]
