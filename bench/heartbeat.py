@@ -8,7 +8,10 @@ per variant, interleaved, so every variant meets the same machine load:
 - ``sandbox``: a createos environment with default pacing and default host settings;
 - ``unpaced``: the same with ``PAPERCLIP_CREATEOS_PACE_MS=0`` (the emulator's latency floor);
 - ``streamed``: the environment setting ``streamRunLogs: true`` (the host's own default before
-  our validation stored ``false``: it tails the run log through a command every 250 ms).
+  our validation stored ``false``: it tails the run log through a command every 250 ms);
+- ``duplex``: ``sandbox`` with the instance's experimental ``enableSandboxDuplexBridge`` on, so
+  the agent's API calls travel over one of our duplex channels instead of the file bridge's
+  request folder polled through commands (toggled outside the timed window).
 
 The plugin is installed from a temp copy of the package whose entrypoint sets the worker's
 environment from a file before starting the real shim (the host scrubs the worker's
@@ -17,9 +20,11 @@ timed window) and turn on the worker's call log (``PAPERCLIP_CREATEOS_CALL_LOG``
 wall time (invoke to final status), API requests (emulator log, invoke to the lease's release),
 ``environmentExecute`` calls and their p50/p90 latency, how many were the host's bridge polls and
 log-tail ticks (classified from the commands the emulator ran), requests per execute, and the
-ratio to local. Writes bench/results/heartbeat.json.
+ratio to local, and the agent's bridge round trip (one ``GET /api/agents/me`` from inside the
+sandbox, timed by the stub) with the bridge mode it saw. Writes bench/results/heartbeat.json.
 
-    .venv/bin/python bench/heartbeat.py [--rounds 2] [--variants local,sandbox,unpaced,streamed]
+    .venv/bin/python bench/heartbeat.py [--rounds 2]
+        [--variants local,sandbox,unpaced,streamed,duplex]
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from provider.devtools.agent_heartbeat import (
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
 from provider.devtools.emulator_process import EmulatorProcess
 
-VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed")
+VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed", "duplex")
 NO_PAUSE: Final = {"PAPERCLIP_STUB_PAUSE": "0"}  # a no-op agent: the stub does not sleep
 PLUGIN_KEY: Final = json.loads((REPO_ROOT / "manifest.json").read_text())["id"]
 LIFECYCLE: Final = re.compile(r"^/v1/sandboxes(/sb_[^/]+(/pause|/resume)?)?$")
@@ -78,6 +83,9 @@ class Measured:
     syncs: int = 0
     sync_ms: list[float] = field(default_factory=list)  # each environmentSync* call
     by_endpoint: dict[str, int] = field(default_factory=dict)
+    bridge_ms: int | None = None  # the agent's one API call, timed inside the sandbox
+    bridge_mode: str | None = None  # PAPERCLIP_API_BRIDGE_MODE as the agent saw it
+    duplex_channels: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -85,12 +93,15 @@ class Measured:
             "round": self.round,
             "status": self.status,
             "wall_s": round(self.wall_s, 2),
+            "bridge_ms": self.bridge_ms,
+            "bridge_mode": self.bridge_mode,
         }
         if self.variant != "local":
             out.update(
                 requests=self.requests,
                 executes=len(self.executes),
                 bridge_polls=self.bridge_polls,
+                duplex_channels=self.duplex_channels,
                 log_tails=self.log_tails,
                 syncs=self.syncs,
                 execute_p50_ms=round(_percentile(self.executes, 50), 1),
@@ -137,6 +148,9 @@ def classify(process: dict[str, Any]) -> str:
         return "log_tail"
     if "paperclip-bridge/queue" in text or "/queue/requests" in text:
         return "bridge_poll"
+    args = process.get("args") or []
+    if args[:1] == ["-c"] and "paperclip-bridge-server.mjs" in text:
+        return "duplex_channel"  # channels run under bash -c; commands under bash -lc
     return "other"
 
 
@@ -149,6 +163,7 @@ class Bench:
         self.package = make_package(root / "package")
         self.call_log = root / "calls.jsonl"
         self.pace: str | None = None
+        self.duplex = False
         self._write_env(None)  # the worker the install starts: default pacing, call log on
 
     def _write_env(self, pace_ms: str | None) -> None:
@@ -166,6 +181,11 @@ class Bench:
         await self.server.cli("plugin", "enable", PLUGIN_KEY)
         self.pace = pace_ms
 
+    async def set_duplex_bridge(self, site: AgentSite, enabled: bool) -> None:
+        if enabled != self.duplex:
+            await site.set_duplex_bridge(enabled)
+            self.duplex = enabled
+
     def calls_between(self, start: float, end: float) -> list[dict[str, Any]]:
         if not self.call_log.exists():
             return []
@@ -182,11 +202,15 @@ async def run_variant(
     n: int,
 ) -> Measured:
     await bench.set_worker_env("0" if variant == "unpaced" else None)
+    await bench.set_duplex_bridge(site, variant == "duplex")
     seen = max([0, *(r["seq"] for r in await bench.emu.admin.requests())])
     history_seen = len(await bench.emu.admin.process_history())
     wall_start = time.time()
     run = await site.heartbeat(agents[variant])
     measured = Measured(variant, n, run.status, run.wall_s)
+    bridge_ms, mode = run.stub_values("bridge-ms"), run.stub_values("bridge-mode")
+    measured.bridge_ms = int(bridge_ms[0]) if bridge_ms and bridge_ms[0].isdigit() else None
+    measured.bridge_mode = mode[0] if mode else None
     if variant == "local":
         return measured
     await site.wait_released(envs[variant])
@@ -211,6 +235,7 @@ async def run_variant(
         kind = classify(process)
         measured.bridge_polls += kind == "bridge_poll"
         measured.log_tails += kind == "log_tail"
+        measured.duplex_channels += kind == "duplex_channel"
     return measured
 
 
@@ -235,13 +260,13 @@ async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
                             "streamed", {**base, "streamRunLogs": True}
                         ),
                     }
-                    envs["unpaced"] = envs["sandbox"]
+                    envs["unpaced"] = envs["duplex"] = envs["sandbox"]
                     agents = {
                         "local": await site.agent(
                             "local", STUB_HOST_COMMAND, environment_id=None, env=NO_PAUSE
                         )
                     }
-                    for variant in ("sandbox", "unpaced", "streamed"):
+                    for variant in ("sandbox", "unpaced", "streamed", "duplex"):
                         agents[variant] = await site.agent(
                             variant, STUB_COMMAND, environment_id=envs[variant], env=NO_PAUSE
                         )
@@ -267,10 +292,13 @@ def summarize(results: list[Measured]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for variant, runs in by_variant.items():
         wall = statistics.median(m.wall_s for m in runs)
+        bridge = [m.bridge_ms for m in runs if m.bridge_ms is not None]
         entry: dict[str, Any] = {
             "runs": len(runs),
             "all_succeeded": all(m.status == "succeeded" for m in runs),
             "wall_s_median": round(wall, 2),
+            "bridge_ms_median": statistics.median(bridge) if bridge else None,
+            "bridge_modes": sorted({m.bridge_mode or "none" for m in runs}),
         }
         if local:
             entry["ratio_to_local"] = round(wall / local, 1)
@@ -281,6 +309,7 @@ def summarize(results: list[Measured]) -> dict[str, Any]:
                 requests_median=statistics.median(m.requests for m in runs),
                 executes_median=statistics.median(len(m.executes) for m in runs),
                 bridge_polls_median=statistics.median(m.bridge_polls for m in runs),
+                duplex_channels_median=statistics.median(m.duplex_channels for m in runs),
                 log_tails_median=statistics.median(m.log_tails for m in runs),
                 execute_p50_ms=round(_percentile(executes, 50), 1),
                 execute_p90_ms=round(_percentile(executes, 90), 1),

@@ -13,6 +13,23 @@
 //   {"id":3,"op":"notify","pluginId":"p","method":"...","params":{}}
 //   {"id":4,"op":"stop","pluginId":"p"}
 //   {"id":5,"op":"status"}
+//   {"id":6,"op":"worker","pluginId":"p"}   (that worker's diagnostics(), or null)
+// Login terminals and duplex channels, through the manager's own routes (host-protocol.md 10.2-10.3):
+//   {"op":"loginOpen","pluginId":"p","driverKey","companyId","environmentId","providerLeaseId",
+//    "loginCommandKey","sessionHome"}                -> {"session":"login-1"}  (manager.openLoginPtySession)
+//   {"op":"duplexOpen","pluginId":"p","driverKey","companyId","environmentId","providerLeaseId",
+//    "command":[...],"keepData":true}                -> {"session":"duplex-1"} (getWorker().openDuplexChannel)
+//   {"op":"loginWrite","session","data":"text"}     (session.write(text), fire-and-forget like the host)
+//   {"op":"duplexWrite","session","data":"<base64>","chunkBytes":262144,"drain":true,"timeoutMs"}
+//       one session.write() per chunk; with drain, answers once the worker has answered every
+//       pending request (the host bounds pending writes to 393,216 bytes per route)
+//   {"op":"sessionRead","session","offset":0,"minBytes":N,"contains":"text","untilExit":false,"timeoutMs"}
+//       what onData delivered (login: "text"; duplex: "data" in base64, from byte "offset"), once
+//       minBytes / contains / untilExit holds, or the exit settled, or timeoutMs passed ("timedOut")
+//   {"op":"sessionWait","session","timeoutMs"}      -> what wait() settled with
+//   {"op":"sessionKill","session"} / {"op":"sessionClose","session"} (close() resolved; closeMs)
+//   {"op":"gatewayArgv","shellCommand","remoteEntrypoint","nodeCommand","env":{}}
+//       the host's own buildDuplexGatewayLaunchArgv (adapter-utils execution-target.js)
 // Answers: {"id":N,"ok":true,"result":...} or {"id":N,"ok":false,"error":{"code":..,"message":..}}.
 // A call's live output (onLog; environmentExecute with a companyId) streams first as
 // {"id":N,"event":"log","stream":"stdout","chunk":"..."}; worker lifecycle changes arrive as
@@ -268,7 +285,213 @@ async function opStatus() {
   return { workers: manager.diagnostics(), peerDir, logFile };
 }
 
-const ops = { start: opStart, call: opCall, notify: opNotify, stop: opStop, status: opStatus };
+async function opWorker(cmd) {
+  const handle = manager.getWorker(cmd.pluginId ?? "createos-under-test");
+  return handle ? handle.diagnostics() : null;
+}
+
+// --- login terminals and duplex channels ----------------------------------------------------
+// Each open session is kept under a handle id with what its onData listener received and what
+// its wait() settled with; reads and waits watch that record.
+const sessions = new Map();
+let sessionSeq = 0;
+
+function newRecord(kind, pluginId, session, keepData) {
+  sessionSeq += 1;
+  const record = {
+    id: `${kind}-${sessionSeq}`,
+    kind,
+    pluginId,
+    session,
+    keepData,
+    chunks: [], // duplex: Buffers (kept when keepData); login: strings
+    received: 0, // duplex: bytes; login: UTF-16 units
+    deliveries: 0,
+    exit: null,
+    closed: false,
+    watchers: new Set(),
+  };
+  const changed = () => {
+    for (const watcher of [...record.watchers]) watcher();
+  };
+  record.changed = changed;
+  session.onData((chunk) => {
+    record.deliveries += 1;
+    if (kind === "duplex") {
+      record.received += chunk.byteLength;
+      if (keepData) record.chunks.push(Buffer.from(chunk)); // a copy: the view is the host's
+    } else {
+      record.received += chunk.length;
+      record.chunks.push(chunk);
+    }
+    changed();
+  });
+  session.wait().then((result) => {
+    record.exit = result ?? null;
+    changed();
+  });
+  sessions.set(record.id, record);
+  return record;
+}
+
+function recordOf(cmd, kind) {
+  const record = sessions.get(cmd.session);
+  if (!record || (kind && record.kind !== kind)) throw new Error(`no ${kind ?? "session"} "${cmd.session}"`);
+  return record;
+}
+
+// Resolves true once predicate() holds (checked now and after each change), false at timeoutMs.
+function until(record, predicate, timeoutMs) {
+  if (predicate()) return Promise.resolve(true);
+  return new Promise((resolve) => {
+    const done = (value) => {
+      record.watchers.delete(watcher);
+      clearTimeout(timer);
+      resolve(value);
+    };
+    const watcher = () => {
+      if (predicate()) done(true);
+    };
+    const timer = setTimeout(() => done(predicate()), timeoutMs ?? 30_000);
+    record.watchers.add(watcher);
+  });
+}
+
+function sessionTarget(cmd) {
+  return {
+    driverKey: cmd.driverKey ?? "createos",
+    companyId: cmd.companyId,
+    environmentId: cmd.environmentId,
+    providerLeaseId: cmd.providerLeaseId,
+  };
+}
+
+async function opLoginOpen(cmd) {
+  const pluginId = cmd.pluginId ?? "createos-under-test";
+  const started = performance.now();
+  const session = await manager.openLoginPtySession(pluginId, {
+    ...sessionTarget(cmd),
+    loginCommandKey: cmd.loginCommandKey,
+    sessionHome: cmd.sessionHome,
+  });
+  const record = newRecord("login", pluginId, session, true);
+  return { session: record.id, openMs: performance.now() - started };
+}
+
+async function opDuplexOpen(cmd) {
+  const pluginId = cmd.pluginId ?? "createos-under-test";
+  const handle = manager.getWorker(pluginId);
+  if (!handle) throw new Error(`No worker registered for plugin "${pluginId}"`);
+  const started = performance.now();
+  const session = await handle.openDuplexChannel({ ...sessionTarget(cmd), command: cmd.command });
+  const record = newRecord("duplex", pluginId, session, cmd.keepData ?? true);
+  return { session: record.id, openMs: performance.now() - started };
+}
+
+async function opLoginWrite(cmd) {
+  recordOf(cmd, "login").session.write(String(cmd.data ?? ""));
+  return null;
+}
+
+async function opDuplexWrite(cmd) {
+  const record = recordOf(cmd, "duplex");
+  const data = Buffer.from(cmd.data ?? "", "base64");
+  const chunkBytes = Math.max(1, cmd.chunkBytes ?? 262_144);
+  let writes = 0;
+  for (let start = 0; start < data.length; start += chunkBytes) {
+    record.session.write(new Uint8Array(data.subarray(start, start + chunkBytes)));
+    writes += 1;
+  }
+  let drained = null;
+  if (cmd.drain) {
+    const handle = manager.getWorker(record.pluginId);
+    const deadline = performance.now() + (cmd.timeoutMs ?? 30_000);
+    drained = false;
+    while (handle && performance.now() < deadline) {
+      if (handle.diagnostics().pendingRequests === 0) {
+        drained = true;
+        break;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+  }
+  return { bytes: data.length, writes, drained };
+}
+
+async function opSessionRead(cmd) {
+  const record = recordOf(cmd);
+  const offset = cmd.offset ?? 0;
+  const wanted = () => {
+    if (record.exit !== null || record.closed) return true;
+    if (typeof cmd.minBytes === "number" && record.received < cmd.minBytes) return false;
+    if (typeof cmd.contains === "string" && !record.chunks.join("").includes(cmd.contains)) return false;
+    return !cmd.untilExit;
+  };
+  const met = await until(record, wanted, cmd.timeoutMs);
+  const result = { received: record.received, deliveries: record.deliveries, exit: record.exit, timedOut: !met };
+  if (record.kind === "login") {
+    result.text = record.chunks.join("");
+  } else {
+    const all = record.chunks.length === 1 ? record.chunks[0] : Buffer.concat(record.chunks);
+    record.chunks = all.length > 0 ? [all] : [];
+    result.data = all.subarray(Math.min(offset, all.length)).toString("base64");
+  }
+  return result;
+}
+
+async function opSessionWait(cmd) {
+  const record = recordOf(cmd);
+  if (!(await until(record, () => record.exit !== null, cmd.timeoutMs))) {
+    throw new Error(`${record.id}: wait() did not settle within ${cmd.timeoutMs ?? 30_000} ms`);
+  }
+  return record.exit;
+}
+
+async function opSessionKill(cmd) {
+  recordOf(cmd).session.kill();
+  return null;
+}
+
+async function opSessionClose(cmd) {
+  const record = recordOf(cmd);
+  const started = performance.now();
+  await record.session.close();
+  record.closed = true;
+  record.changed();
+  return { closeMs: performance.now() - started, exit: record.exit };
+}
+
+let gatewayModule = null;
+
+async function opGatewayArgv(cmd) {
+  gatewayModule ??= await import(
+    pathToFileURL(path.join(peerDir, "node_modules/@paperclipai/adapter-utils/dist/execution-target.js")).href
+  );
+  return gatewayModule.buildDuplexGatewayLaunchArgv({
+    shellCommand: cmd.shellCommand,
+    remoteEntrypoint: cmd.remoteEntrypoint,
+    nodeCommand: cmd.nodeCommand,
+    env: cmd.env ?? {},
+  });
+}
+
+const ops = {
+  start: opStart,
+  call: opCall,
+  notify: opNotify,
+  stop: opStop,
+  status: opStatus,
+  worker: opWorker,
+  loginOpen: opLoginOpen,
+  duplexOpen: opDuplexOpen,
+  loginWrite: opLoginWrite,
+  duplexWrite: opDuplexWrite,
+  sessionRead: opSessionRead,
+  sessionWait: opSessionWait,
+  sessionKill: opSessionKill,
+  sessionClose: opSessionClose,
+  gatewayArgv: opGatewayArgv,
+};
 
 function errorOf(err) {
   const code = err && typeof err.code === "number" ? err.code : null;
