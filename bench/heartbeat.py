@@ -86,6 +86,7 @@ class Measured:
     bridge_ms: int | None = None  # the agent's one API call, timed inside the sandbox
     bridge_mode: str | None = None  # PAPERCLIP_API_BRIDGE_MODE as the agent saw it
     duplex_channels: int = 0
+    channel_writes: list[float] = field(default_factory=list)  # duplexChannelWrite, ms each
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -102,6 +103,8 @@ class Measured:
                 executes=len(self.executes),
                 bridge_polls=self.bridge_polls,
                 duplex_channels=self.duplex_channels,
+                channel_writes=len(self.channel_writes),
+                channel_write_ms=[round(ms) for ms in self.channel_writes],
                 log_tails=self.log_tails,
                 syncs=self.syncs,
                 execute_p50_ms=round(_percentile(self.executes, 50), 1),
@@ -222,6 +225,7 @@ async def run_variant(
         measured.by_endpoint[kind] = measured.by_endpoint.get(kind, 0) + 1
     calls = bench.calls_between(wall_start, time.time())
     measured.executes = [c["ms"] for c in calls if c["method"] == "environmentExecute"]
+    measured.channel_writes = [c["ms"] for c in calls if c["method"] == "duplexChannelWrite"]
     syncs = [c for c in calls if c["method"].startswith("environmentSync")]
     measured.syncs = len(syncs)
     measured.sync_ms = [c["ms"] for c in syncs]

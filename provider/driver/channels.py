@@ -13,9 +13,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import anyio
 import msgspec
 
 from provider.createos.client import MAX_INPUT_BYTES
@@ -97,11 +99,69 @@ def strict_base64(data: str) -> bytes:
 
 
 @dataclass(eq=False)
+class _QueuedWrite:
+    data: bytes
+    sent: bool = False
+    error: ProviderError | None = None
+
+
+@dataclass(eq=False)
 class DuplexSession(RemoteSession):
     stderr_decoder: StreamDecoder = field(default_factory=StreamDecoder)
     stderr_logged: int = 0
     stderr_dropped: int = 0
     malformed: int = 0
+    queued: deque[_QueuedWrite] = field(default_factory=deque)
+
+    async def send(self, data: bytes) -> None:
+        """Write ``data`` to the child's stdin after every earlier write, answering once its
+        last byte is accepted. Writes that queued up behind an ``/input`` in flight go out
+        together in the next one (up to 256 KiB): the host sends an HTTP/2 response as several
+        small writes at once, and each request costs a pacing token. A failed ``/input`` fails
+        every write it carried and ends the channel (the child's stream has a gap)."""
+        item = _QueuedWrite(data)
+        self.queued.append(item)  # before the lock: queue order is arrival order
+        try:
+            async with self.input_lock:
+                if not item.sent:
+                    await self._send_batch()
+        except BaseException:
+            if not item.sent and item in self.queued:
+                self.queued.remove(item)  # a cancelled write never goes out later
+            raise
+        if item.error is not None:
+            raise item.error
+
+    async def _send_batch(self) -> None:
+        batch = [self.queued.popleft()]
+        size = len(batch[0].data)
+        while self.queued and size + len(self.queued[0].data) <= MAX_INPUT_BYTES:
+            size += len(self.queued[0].data)
+            batch.append(self.queued.popleft())
+        data = b"".join(item.data for item in batch)
+        error: ProviderError | None = ProviderError(
+            "The duplex channel write was cancelled part-way; the channel was ended."
+        )
+        try:
+            if not self.live:
+                error = RequestRefused("The duplex channel ended while the write waited.")
+                return
+            assert self.process_id is not None
+            try:
+                for start in range(0, len(data), MAX_INPUT_BYTES):
+                    await self.client.write_input(
+                        self.scope.lease_id, self.process_id, data[start : start + MAX_INPUT_BYTES]
+                    )
+                error = None
+            except ProviderError as exc:
+                error = exc
+        finally:
+            for item in batch:  # also when cancelled: no write of the batch waits forever
+                item.sent, item.error = True, error
+            if error is not None and not isinstance(error, RequestRefused):
+                self.broken = True  # a gap in the stream the child reads cannot be repaired
+                with anyio.CancelScope(shield=True):
+                    await self.stop_quietly()
 
     async def on_open(self) -> None:
         assert self.process_id is not None
@@ -212,22 +272,7 @@ class DuplexChannels:
             raise
         if len(data) > MAX_WRITE_BYTES:
             raise InvalidParams("A duplexChannelWrite is limited to 8 MiB of data.")
-        async with session.input_lock:
-            if not session.live:
-                raise RequestRefused("The duplex channel ended while the write waited.")
-            assert session.process_id is not None
-            try:
-                for start in range(0, len(data), MAX_INPUT_BYTES):
-                    await session.client.write_input(
-                        session.scope.lease_id,
-                        session.process_id,
-                        data[start : start + MAX_INPUT_BYTES],
-                    )
-            except ProviderError:
-                # A gap in the stream the child reads cannot be repaired: end the channel.
-                session.broken = True
-                await session.stop_quietly()
-                raise
+        await session.send(data)
         return None
 
     async def stop(self, params: dict[str, Any]) -> None:

@@ -335,3 +335,50 @@ async def test_a_worker_that_never_saw_the_lease_refuses_to_open_on_it(harness: 
     await fresh.execute({**h.with_lease(lease), "command": "true"})  # an owned call registers
     await answered(await fresh.channels.open(open_params(h, lease, ROUTE, command=["cat"])))
     await fresh.channels.close({"hostRouteId": ROUTE})
+
+
+async def test_writes_queued_behind_an_input_in_flight_go_out_together_in_order(
+    harness: Harness,
+) -> None:
+    """The host writes an HTTP/2 response as several small writes at once; each /input costs a
+    pacing token, so writes that wait behind one in flight share the next one."""
+    h = harness
+    lease = await h.acquire()
+    session = await open_channel(h, lease, ["cat"])
+    before = len(await inputs(h))
+    await h.emulator.admin.add_fault("POST", r"/input$", delay_ms=600)
+    pieces = [f"piece-{n};".encode() for n in range(6)]
+    async with anyio.create_task_group() as group:
+        for piece in pieces:
+            group.start_soon(write, h, ROUTE, session, piece)
+            await anyio.sleep(0.05)  # each write arrives while the first is still in flight
+    await until(lambda: channel_bytes(h, ROUTE) == b"".join(pieces))
+    assert len(await inputs(h)) - before == 2
+    await h.methods.channels.close({"hostRouteId": ROUTE})
+
+
+async def test_a_failed_input_fails_every_write_it_carried_and_ends_the_channel(
+    harness: Harness,
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    session = await open_channel(h, lease, ["cat"])
+    await h.emulator.admin.add_fault("POST", r"/input$", status=400, times=5)
+    failures: list[BaseException] = []
+
+    async def failing_write(piece: bytes) -> None:
+        try:
+            await write(h, ROUTE, session, piece)
+        except ProviderError as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as group:
+        for n in range(3):
+            group.start_soon(failing_write, b"x%d" % n)
+            await anyio.sleep(0.01)
+    assert len(failures) == 3
+    await until(lambda: bool(notes(h, "duplexChannel.exit", ROUTE)))
+    assert notes(h, "duplexChannel.exit", ROUTE)[0]["exitCode"] is None
+    with pytest.raises(RequestRefused):
+        await write(h, ROUTE, session, b"later")
+    assert await h.emulator.admin.live_process_count() == 0
