@@ -69,4 +69,5 @@ bench: setup
 	$(PY) bench/load.py
 	$(PY) bench/pacing.py
 	$(PY) bench/connections.py
+	$(PY) bench/duplex.py
 	$(PY) bench/heartbeat.py

@@ -3,18 +3,25 @@
 Every test gets a :class:`~live_tests.session.LiveSession` on a worker started under the chosen
 host; with ``CREATEOS_LIVE_TEST=emulator`` the embedded emulator serves it. Reports are scrubbed
 of the API key before pytest prints them.
+
+``live_routes`` is the same session with a :class:`~live_tests.session.RouteLog` of the
+worker's ``duplexChannel.*`` / ``loginPty.*`` notifications. It always runs the worker under the
+Python stdio host, whatever ``CREATEOS_LIVE_HOST`` says: the Node test peer
+(host/peer-driver.mjs) relays calls and ``execute.log`` only, not the worker manager's route
+sessions (``openDuplexChannel`` / ``openLoginPtySession``), and the manager kills a worker that
+sends a frame for a route it did not open.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from live_tests.session import TIMEOUT_MS, LiveSession
+from live_tests.session import TIMEOUT_MS, LiveSession, RouteLog
 from live_tests.settings import (
     SKIP_REASON,
     LiveSettings,
@@ -22,7 +29,7 @@ from live_tests.settings import (
     live_mode,
     load_settings,
 )
-from provider.devtools.demo_hosts import HostReport, open_worker_host
+from provider.devtools.demo_hosts import HostChoice, HostReport, open_worker_host
 from provider.emulator import BwrapUnavailable, Emulator
 
 REDACTED = "***"
@@ -79,6 +86,21 @@ def live_settings() -> LiveSettings:
 @pytest.fixture
 async def live(live_settings: LiveSettings, tmp_path: Path) -> AsyncIterator[LiveSession]:
     """A started worker (and, in emulator mode, the emulator) for one test."""
+    async with _live_session(live_settings, tmp_path, live_settings.host, None) as session:
+        yield session
+
+
+@pytest.fixture
+async def live_routes(live_settings: LiveSettings, tmp_path: Path) -> AsyncIterator[LiveSession]:
+    """:func:`live` under the Python stdio host, with ``session.routes`` filled as frames come."""
+    async with _live_session(live_settings, tmp_path, "python", RouteLog()) as session:
+        yield session
+
+
+@asynccontextmanager
+async def _live_session(
+    live_settings: LiveSettings, tmp_path: Path, choice: HostChoice, routes: RouteLog | None
+) -> AsyncIterator[LiveSession]:
     report = HostReport()
     async with AsyncExitStack() as stack:
         emulator: Emulator | None = None
@@ -100,7 +122,7 @@ async def live(live_settings: LiveSettings, tmp_path: Path) -> AsyncIterator[Liv
         if live_settings.rootfs:
             config["rootfs"] = live_settings.rootfs
         host = await stack.enter_async_context(
-            open_worker_host(live_settings.host, log_dir=tmp_path, report=report)
+            open_worker_host(choice, log_dir=tmp_path, report=report, on_notification=routes)
         )
-        yield LiveSession(host=host, config=config, emulator=emulator)
+        yield LiveSession(host=host, config=config, emulator=emulator, routes=routes)
     assert report.processes_left == [], f"worker processes outlived the stop: {report}"

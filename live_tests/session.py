@@ -2,12 +2,16 @@
 
 The API key lives only inside the session's config (hidden from ``repr``); tests pass leases
 and paths around, never the config, so a failing assertion cannot show the key.
+
+Duplex channels and login terminals send notifications named by ``hostRouteId``; a session
+built with a :class:`RouteLog` (the Python stdio host's ``on_notification``) keeps them per route.
 """
 
 from __future__ import annotations
 
+import base64
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -18,6 +22,7 @@ from provider.devtools.demo_hosts import WorkerHost
 from provider.emulator import Emulator
 
 TIMEOUT_MS: Final = 300_000
+ROUTE_WAIT_S: Final = 60.0
 CALL_BUDGET_MS: Final = TIMEOUT_MS + 30_000
 COMMAND_TIMEOUT_MS: Final = 120_000
 CLEANUP_BUDGET_S: Final = CALL_BUDGET_MS / 1000 + 10
@@ -36,11 +41,53 @@ class ExecuteOutcome:
         return "".join(chunk for s, chunk in self.live if s == stream)
 
 
+class RouteLog:
+    """Every ``duplexChannel.*`` / ``loginPty.*`` notification, kept per ``hostRouteId``."""
+
+    def __init__(self) -> None:
+        self.by_route: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self.unrouted: list[tuple[str, dict[str, Any]]] = []
+        self._changed: anyio.Event | None = None  # set by the next notification
+
+    def __call__(self, method: str, params: dict[str, Any]) -> None:
+        route = params.get("hostRouteId")
+        if isinstance(route, str):
+            self.by_route.setdefault(route, []).append((method, params))
+        else:
+            self.unrouted.append((method, params))
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def of(self, route: str, method: str | None = None) -> list[dict[str, Any]]:
+        return [p for m, p in self.by_route.get(route, []) if method is None or m == method]
+
+    def methods(self, route: str) -> list[str]:
+        return [m for m, _ in self.by_route.get(route, [])]
+
+    def channel_bytes(self, route: str) -> bytes:
+        chunks = self.of(route, "duplexChannel.data")
+        return b"".join(base64.b64decode(p["chunk"], validate=True) for p in chunks)
+
+    def pty_text(self, route: str) -> str:
+        return "".join(p["chunk"] for p in self.of(route, "loginPty.output"))
+
+    async def until(self, check: Callable[[], bool], what: str) -> None:
+        with anyio.move_on_after(ROUTE_WAIT_S):
+            while not check():
+                if self._changed is None:
+                    self._changed = anyio.Event()
+                await self._changed.wait()
+            return
+        raise AssertionError(f"waited {ROUTE_WAIT_S:g} s for {what}")
+
+
 @dataclass
 class LiveSession:
     host: WorkerHost = field(repr=False)
     config: dict[str, Any] = field(repr=False)
     emulator: Emulator | None = field(default=None, repr=False)
+    routes: RouteLog | None = field(default=None, repr=False)
     company_id: str = "live-smoke-company"
     environment_id: str = field(default_factory=lambda: f"live-smoke-{uuid.uuid4().hex[:12]}")
 
@@ -115,6 +162,44 @@ class LiveSession:
             on_log=lambda stream, chunk: live.append((stream, chunk)),
         )
         return ExecuteOutcome(result, live)
+
+    def _route_params(self, lease: dict[str, Any], route: str) -> dict[str, Any]:
+        return {
+            "hostRouteId": route,
+            "driverKey": "createos",
+            "companyId": self.company_id,
+            "environmentId": self.environment_id,
+            "providerLeaseId": lease["providerLeaseId"],
+        }
+
+    async def open_channel(self, lease: dict[str, Any], route: str, command: list[str]) -> Any:
+        """``duplexChannelOpen`` (the host's route ids look like ``duplex-route-<n>``)."""
+        return await self.call(
+            "duplexChannelOpen", {**self._route_params(lease, route), "command": command}
+        )
+
+    async def write_channel(self, route: str, session_id: str, data: bytes) -> Any:
+        return await self.call(
+            "duplexChannelWrite",
+            {
+                "hostRouteId": route,
+                "workerSessionId": session_id,
+                "data": base64.b64encode(data).decode("ascii"),
+            },
+        )
+
+    async def open_login(
+        self, lease: dict[str, Any], route: str, key: str, session_home: str
+    ) -> Any:
+        """``loginPtyOpen`` (the host's route ids are random UUIDs)."""
+        return await self.call(
+            "loginPtyOpen",
+            {
+                **self._route_params(lease, route),
+                "loginCommandKey": key,
+                "sessionHome": session_home,
+            },
+        )
 
     async def sandbox_status(self, sandbox_id: str) -> str | None:
         """The emulator's own view of a sandbox (None on a real endpoint, or when gone)."""

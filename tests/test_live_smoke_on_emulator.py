@@ -22,10 +22,14 @@ from provider.emulator import Emulator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 600
+# Every live test file must be part of the emulator run (a new one with a typo'd name or a
+# collection error would otherwise only lower the count).
+LIVE_TEST_FILES = ("test_smoke", "test_interactive")
 
 
 def run_live_tests(tmp_path: Path, **env: str) -> tuple[int, dict[str, int], str]:
-    """``pytest live_tests`` in a subprocess; returns its code, junit counts and output."""
+    """``pytest live_tests`` in a subprocess; returns its code, junit counts and output (the
+    junit report stays at ``tmp_path / "live.xml"``)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CREATEOS_")}
     junit = tmp_path / "live.xml"
     result = subprocess.run(
@@ -54,11 +58,27 @@ def run_live_tests(tmp_path: Path, **env: str) -> tuple[int, dict[str, int], str
     return result.returncode, counts, result.stdout + result.stderr
 
 
+def passed_cases(junit: Path) -> set[str]:
+    """``module.test_name`` of every test case the junit report shows as passed."""
+    names: set[str] = set()
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        if not any(child.tag in ("failure", "error", "skipped") for child in case):
+            names.add(f"{case.get('classname', '').rsplit('.', 1)[-1]}.{case.get('name')}")
+    return names
+
+
 def test_live_smoke_passes_against_the_emulator(tmp_path: Path) -> None:
     code, counts, output = run_live_tests(tmp_path, CREATEOS_LIVE_TEST="emulator")
     assert code == 0, output
     assert counts["tests"] > 0, output
     assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, output
+    passed = passed_cases(tmp_path / "live.xml")
+    for module in LIVE_TEST_FILES:
+        assert any(name.startswith(f"{module}.") for name in passed), (module, sorted(passed))
+    assert {
+        "test_interactive.test_duplex_channel_echoes_bytes_then_stops_and_closes",
+        "test_interactive.test_login_pty_is_a_120x30_terminal",
+    } <= passed, sorted(passed)
 
 
 def test_live_smoke_is_skipped_unless_asked_for(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, Protocol
 import anyio
 
 from provider.devtools.host_peer import HostPeer, PeerUnavailable, pid_alive, wait_until_gone
-from provider.devtools.stdio_host import LogCallback, StdioHost
+from provider.devtools.stdio_host import LogCallback, NotificationCallback, StdioHost
 
 HostChoice = Literal["auto", "node", "python"]
 HOST_CHOICES: tuple[HostChoice, ...] = ("auto", "node", "python")
@@ -118,13 +118,18 @@ async def open_worker_host(
     report: HostReport | None = None,
     notice: Callable[[str], None] = lambda _text: None,
     worker_env: Mapping[str, str] | None = None,
+    on_notification: NotificationCallback | None = None,
 ) -> AsyncIterator[WorkerHost]:
     """A started worker under the chosen host; stopped (and checked for leftovers) on exit.
 
     ``auto`` uses the real worker manager when Node and npm are present and the peer installs,
     else the Python host (``notice`` says why). ``worker_env`` only reaches the Python host's
-    worker: the real manager scrubs the environment it passes on.
+    worker: the real manager scrubs the environment it passes on. ``on_notification`` (the
+    worker's ``duplexChannel.*`` and ``loginPty.*`` notifications) needs the Python host: the
+    Node peer relays calls and ``execute.log`` only, not the manager's route sessions.
     """
+    if on_notification is not None and choice != "python":
+        raise ValueError("on_notification needs the Python host (choice='python')")
     report = report if report is not None else HostReport()
     if choice != "python" and not node_available():
         if choice == "node":
@@ -150,7 +155,11 @@ async def open_worker_host(
                     stack.push_async_callback(_stop_worker, peer)
                     host = _ManagerHost(peer, info.supported_methods, info.start_ms, pids)
             if choice == "python":
-                stdio = StdioHost(env=worker_env, stderr=log_dir / "worker-stderr.log")
+                stdio = StdioHost(
+                    env=worker_env,
+                    stderr=log_dir / "worker-stderr.log",
+                    on_notification=on_notification,
+                )
                 await stack.enter_async_context(stdio)
                 host = _PythonHost(stdio)
                 pids = host.worker_pids

@@ -4,11 +4,15 @@ It does what the worker manager does for our verbs (host-protocol.md 1-5) and no
 spawns the worker with the host's scrubbed environment (plus what the caller adds), sends
 ``initialize``, adds a ``paperclipInvocation`` to every call that carries a ``companyId``,
 routes ``execute.log`` notifications by the invocation id the worker echoes, keeps ``log``
-notifications, answers ``config.get`` with ``{}``, and stops the worker with ``shutdown`` then
-end of input (SIGTERM, then SIGKILL, if it lingers)::
+notifications, hands every other notification (``duplexChannel.*``, ``loginPty.*``) to
+``on_notification(method, params)`` if given, answers ``config.get`` with ``{}``, and stops the
+worker with ``shutdown`` then end of input (SIGTERM, then SIGKILL, if it lingers)::
 
     async with StdioHost(env={"XDG_STATE_HOME": ...}) as host:
         result = await host.call("environmentExecute", params, on_log=print_chunk)
+
+It routes no pair itself: a caller that opens a login terminal or a duplex channel follows its
+notifications by ``hostRouteId`` in ``on_notification``.
 
 The pipes are read and written without blocking, stdout in 1 MiB gulps (what a host with a big
 buffer does). With ``record=True`` every raw byte of stdout and stderr is kept, and every parsed
@@ -38,6 +42,7 @@ from provider.devtools.host_peer import REPO_ROOT, PeerCallError
 from provider.rpc.stdio import FdReceiveStream, FdSendStream, LineReader
 
 LogCallback = Callable[[str, str], None]
+NotificationCallback = Callable[[str, dict[str, Any]], None]
 StderrTarget = Path | Literal["discard", "inherit"]
 READ_BYTES: Final = 1024 * 1024
 INITIALIZE_TIMEOUT_S: Final = 15.0
@@ -84,13 +89,17 @@ class StdioHost:
         env: Mapping[str, str] | None = None,
         stderr: StderrTarget = "discard",
         record: bool = False,
+        on_notification: NotificationCallback | None = None,
     ) -> None:
         """``stderr``: a file to append the worker's stderr to, or discard/inherit it;
-        ``record``: keep raw stdout/stderr (stderr is then piped here) and parsed messages."""
+        ``record``: keep raw stdout/stderr (stderr is then piped here) and parsed messages;
+        ``on_notification``: called (on the reader task, so keep it short) with the method and
+        params of every notification other than ``execute.log`` and ``log``."""
         self.python = python
         self.env = host_environment(env)
         self.stderr_target = stderr
         self.record = record
+        self.on_notification = on_notification
         self.stdout = bytearray()
         self.stderr = bytearray()
         self.messages: list[dict[str, Any]] = []
@@ -296,6 +305,10 @@ class StdioHost:
                 sink(stream, chunk)
         elif method == "log":
             self.host_logs.append(message)
+        elif isinstance(method, str):
+            params = message.get("params")
+            if self.on_notification is not None and isinstance(params, dict):
+                self.on_notification(method, params)
         elif isinstance(request_id, int) and request_id in self._pending:
             self._answers[request_id] = message
             self._pending[request_id].set()
