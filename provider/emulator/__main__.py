@@ -40,7 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--admin-token", default=None, help="X-Emulator-Token for /_emulator/")
     parser.add_argument("--region", default="us", help="region this server serves")
-    parser.add_argument("--unshare-net", action="store_true", help="no network inside sandboxes")
+    parser.add_argument(
+        "--unshare-net",
+        action="store_true",
+        help="no network in any sandbox (loopback only), whatever its egress list",
+    )
     parser.add_argument(
         "--image",
         action="append",

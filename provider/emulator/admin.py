@@ -1,5 +1,6 @@
 """The admin API under ``/_emulator/``: reset, request log, faults, settings, forced states,
-journal eviction and the state view (with host-side process scanning for leak checks)."""
+the idle-pause hook, journal eviction and the state view (with host-side process scanning for
+leak checks). Admin calls are never sandbox activity (they do not restart an idle clock)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def state_view(core: EmulatorCore) -> dict[str, Any]:
                     "status": sandbox.status,
                     "owner_key_hash": sandbox.owner,
                     "name": sandbox.spec.name,
+                    "network": "loopback-only" if sandbox.isolated_net else "host",
                     "host_pids": sorted(m.host_pid for m in members),
                 }
             )
@@ -180,12 +182,16 @@ class Admin:
                 errors = core.settings.update(await self._body(req))
                 if errors:
                     raise ApiError(400, errors)
+                core.settings_changed()
             return ok(core.settings.as_dict())
         if (method, path) == ("GET", "/state"):
             return ok(await anyio.to_thread.run_sync(state_view, core))
         found = re.fullmatch(r"/sandboxes/([^/]+)/state", path)
         if found and method == "POST":
             return await self._force_state(found.group(1), await self._body(req))
+        found = re.fullmatch(r"/sandboxes/([^/]+)/(?:auto|idle)-pause", path)
+        if found and method == "POST":
+            return await self._idle_pause(found.group(1))
         found = re.fullmatch(r"/processes/([^/]+)/evict", path)
         if found and method == "POST":
             return await self._evict(found.group(1), await self._body(req))
@@ -210,6 +216,18 @@ class Admin:
         else:
             raise ApiError(409, {"state": f"sandbox is already {sandbox.status}"})
         return ok(sandbox.view())
+
+    async def _idle_pause(self, sandbox_id: str) -> Response:
+        """Fire an armed sandbox's idle timer now: the normal pause path, 202 with the view in
+        ``pausing`` (409 when the sandbox is not armed or not running)."""
+        sandbox = self.core.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise not_found("sandbox")
+        if not sandbox.armed:
+            raise ApiError(409, {"state": "sandbox has no auto_pause_after_seconds set"})
+        if not await sandbox.idle_pause_now():
+            raise ApiError(409, {"state": f"sandbox is {sandbox.status}, not running"})
+        return ok(sandbox.view(), 202)
 
     async def _evict(self, process_id: str, body: dict[str, Any]) -> Response:
         entry = self.core.processes.get(process_id)

@@ -102,6 +102,12 @@ class EmulatorAdmin:
     async def force_state(self, sandbox_id: str, status: str) -> None:
         await self._call("POST", f"/sandboxes/{sandbox_id}/state", body={"status": status})
 
+    async def idle_pause(self, sandbox_id: str) -> dict[str, Any]:
+        """Fire an armed sandbox's idle timer now (``POST /sandboxes/{id}/auto-pause``): it is
+        paused through the normal pause path; answers the view (``pausing``). HTTP 409
+        (:class:`EmulatorAdminError`) when the sandbox is not armed or not ``running``."""
+        return dict(await self._call("POST", f"/sandboxes/{sandbox_id}/auto-pause"))
+
     async def evict(self, process_id: str, up_to_seq: int) -> None:
         await self._call("POST", f"/processes/{process_id}/evict", body={"up_to_seq": up_to_seq})
 

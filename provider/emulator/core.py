@@ -20,7 +20,7 @@ from .guest import Guest
 from .ids import key_hash
 from .images import ImageCatalog
 from .processes import ManagedProcess
-from .sandboxes import Sandbox, SandboxSpec, guarded
+from .sandboxes import Sandbox, SandboxSpec, egress_restricts, guarded
 from .settings import Settings
 
 log = logging.getLogger("provider.emulator")
@@ -140,6 +140,7 @@ class EmulatorCore:
         return sandbox
 
     def new_sandbox(self, spec: SandboxSpec, owner: str, forked_from: str | None = None) -> Sandbox:
+        """A new row; its network mode follows ``spec.egress`` now (or ``--unshare-net``)."""
         sandbox = Sandbox(
             spec,
             owner=owner,
@@ -147,6 +148,7 @@ class EmulatorCore:
             runtime=self.runtime,
             settings=self.settings,
             forked_from=forked_from,
+            isolated_net=self.unshare_net or egress_restricts(spec.egress),
         )
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
@@ -162,11 +164,7 @@ class EmulatorCore:
         self, sandbox: Sandbox, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         try:
-            await sandbox.run(
-                supervisor=self.supervisor,
-                unshare_net=self.unshare_net,
-                task_status=task_status,
-            )
+            await sandbox.run(supervisor=self.supervisor, task_status=task_status)
         finally:
             with anyio.CancelScope(shield=True):
                 await sandbox.kill_guest()
@@ -181,6 +179,7 @@ class EmulatorCore:
         return answered
 
     async def _reclaim(self, sandbox: Sandbox) -> None:
+        await sandbox.wait_fs_free()  # a fork copying from or into it finishes first
         with contextlib.suppress(OSError):
             await anyio.to_thread.run_sync(sandbox.remove_state)
         await anyio.sleep(self.settings.delete_delay_ms / 1000)
@@ -188,6 +187,11 @@ class EmulatorCore:
         await anyio.sleep(self.settings.destroyed_retention_ms / 1000)
         if self.sandboxes.get(sandbox.id) is sandbox and sandbox.status == "destroyed":
             del self.sandboxes[sandbox.id]
+
+    def settings_changed(self) -> None:
+        """After an admin settings change: idle timers recompute (the time scale may differ)."""
+        for sandbox in self.sandboxes.values():
+            sandbox.rearm()
 
     def start_soon(self, func: Callable[[], Awaitable[Any]]) -> None:
         """Run ``func`` in the emulator's task group, errors logged (see ``guarded``)."""
@@ -220,6 +224,7 @@ class EmulatorCore:
             for sandbox in sandboxes:
                 await sandbox.kill_guest()
             for sandbox in sandboxes:
+                await sandbox.wait_fs_free()
                 with contextlib.suppress(OSError):
                     await anyio.to_thread.run_sync(sandbox.remove_state)
             self.sandboxes.clear()

@@ -183,6 +183,7 @@ class ManagedProcess:
     finished: anyio.Event = field(default_factory=anyio.Event)
     kind: str = "process"
     pty_fd: int | None = None  # PTY master kept for resize and the foreground group
+    on_output: Callable[[], None] | None = None  # each journalled chunk (the idle clock)
 
     @property
     def leader_exited(self) -> bool:
@@ -282,6 +283,8 @@ class ManagedProcess:
 
     def _journal_to(self, stream: str) -> Callable[[memoryview], Awaitable[None]]:
         async def on_chunk(data: memoryview) -> None:
+            if self.on_output is not None:
+                self.on_output()
             await self.journal.append(stream, data)
 
         return on_chunk

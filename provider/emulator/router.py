@@ -19,6 +19,7 @@ from .jsend import ApiError, default_for, error, fail, json_response
 log = logging.getLogger("provider.emulator")
 
 ADMIN_PREFIX = "/_emulator/"
+SANDBOX_PATH = re.compile(r"^/v1/sandboxes/([^/]+)(?:/|$)")
 
 
 @dataclass
@@ -94,10 +95,21 @@ class Router:
                 return candidate, found.groupdict(), True
         return None, {}, path_matched
 
+    def _activity(self, req: Request, owner: str | None) -> None:
+        """A request naming one of the caller's sandboxes (``/v1/sandboxes/{id}`` and below,
+        any method, whatever its outcome) restarts that sandbox's idle clock as it starts."""
+        named = SANDBOX_PATH.match(req.path)
+        if named is None or owner is None:
+            return
+        sandbox = self.core.find(owner, named.group(1))
+        if sandbox is not None:
+            sandbox.touch()
+
     async def _dispatch(self, req: Request) -> Response:
         core = self.core
         found, match, path_known = self._find(req)
         auth, owner = self._auth(req, found.public if found is not None else False)
+        self._activity(req, owner)
         fault = core.take_fault(req.method, req.path)
         response: Response | None = None
         performed = False

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 
+from ..egress_rules import ACCEPTED_FORMS, RuleError, normalize_rule
 from . import catalog
 from .http import Response
 from .ids import random_name
@@ -78,11 +79,21 @@ def validate_envs(raw: Any) -> dict[str, str]:
 
 
 def validate_egress(raw: Any, field: str = "egress") -> list[str] | None:
+    """The normalized rule list (grammar of provider/egress_rules.py), ``None`` for null. A bad
+    rule is a 400 naming its position (``egress[2]``) and the reason, never the entry itself."""
     if raw is None:
         return None
-    if not isinstance(raw, list) or not all(isinstance(r, str) and r.strip() for r in raw):
-        raise bad_request(field, "egress must be a list of rules")
-    return list(raw)
+    if not isinstance(raw, list):
+        raise bad_request(field, "egress must be a list of rules or null")
+    rules = []
+    for index, entry in enumerate(raw):
+        try:
+            rules.append(normalize_rule(entry))
+        except RuleError as exc:
+            where = f"{field}[{index}]"
+            reason = f"{where} is not a valid rule: {exc.reason}; {ACCEPTED_FORMS}"
+            raise bad_request(where, reason) from None
+    return rules
 
 
 def validate_auto_pause(ctx: Ctx, raw: Any) -> int:
@@ -261,19 +272,23 @@ async def resume(ctx: Ctx) -> Response:
 
 
 async def patch(ctx: Ctx) -> Response:
+    """``ingress_enabled``, ``auto_pause_after_seconds`` (arms the idle timer, range checked),
+    ``disable_auto_pause: true`` (disarms; wins over a value in the same body). Every field is
+    checked before any is applied. The request itself restarts the idle clock (router)."""
     sandbox = sandbox_of(ctx)
     body = await json_body(ctx)
     if not sandbox.live:
         raise conflict(f"sandbox is {sandbox.status}")
-    if "ingress_enabled" in body:
-        sandbox.spec.ingress_enabled = _bool(body, "ingress_enabled")
+    ingress = _bool(body, "ingress_enabled", sandbox.spec.ingress_enabled)
+    auto = sandbox.spec.auto_pause_after_seconds
     if "auto_pause_after_seconds" in body:
-        sandbox.spec.auto_pause_after_seconds = validate_auto_pause(
-            ctx, body["auto_pause_after_seconds"]
-        )
-        sandbox.touch()
-    if body.get("disable_auto_pause") is True:
-        sandbox.spec.auto_pause_after_seconds = None
+        auto = validate_auto_pause(ctx, body["auto_pause_after_seconds"])
+    if _bool(body, "disable_auto_pause"):
+        auto = None
+    sandbox.spec.ingress_enabled = ingress
+    sandbox.spec.auto_pause_after_seconds = auto
+    sandbox.touch()
+    sandbox.rearm()
     return ok(sandbox.view())
 
 
@@ -283,6 +298,8 @@ async def get_egress(ctx: Ctx) -> Response:
 
 
 async def put_egress(ctx: Ctx) -> Response:
+    """Swap the stored list (any live state). The network mode chosen at create or fork stays:
+    a restricted sandbox stays loopback-only, an allow-all one keeps the host network."""
     sandbox = sandbox_of(ctx)
     body = await json_body(ctx)
     if "egress" not in body:
@@ -307,9 +324,11 @@ async def fork(ctx: Ctx) -> Response:
         raise ApiError(402, {"credit": "insufficient credit"})
     start_paused = _bool(body, "start_paused")
     egress = validate_egress(body.get("egress"))
+    if not egress:  # omitted, null or []: the source's list (and so, often, its network mode)
+        egress = None if source.spec.egress is None else list(source.spec.egress)
     envs = dict(source.spec.envs)
     envs.update(validate_envs(body.get("envs")))
-    spec = SandboxSpec(
+    spec = SandboxSpec(  # the source's settings, the body's envs on top
         shape=source.spec.shape,
         vcpu=source.spec.vcpu,
         mem_mib=source.spec.mem_mib,
@@ -317,7 +336,7 @@ async def fork(ctx: Ctx) -> Response:
         region=source.spec.region,
         name=random_name(),
         disk_mib=source.spec.disk_mib,
-        egress=egress if egress else source.spec.egress,
+        egress=egress,
         envs=envs,
         auto_pause_after_seconds=source.spec.auto_pause_after_seconds,
         ingress_enabled=_bool(body, "ingress_enabled", source.spec.ingress_enabled),
@@ -325,17 +344,27 @@ async def fork(ctx: Ctx) -> Response:
     )
     child = core.new_sandbox(spec, ctx.owner, forked_from=source.id)
     child.status = "forking"
+    # Held from now on: deleting either side, or resuming the source, waits for the copy.
+    source.hold_fs()
+    child.hold_fs()
     core.start_soon(lambda: _fork_later(ctx, source, child, start_paused))
     return ok(child.create_view())
 
 
 async def _fork_later(ctx: Ctx, source: Sandbox, child: Sandbox, start_paused: bool) -> None:
     try:
-        await anyio.to_thread.run_sync(source.copy_fs_to, child)
+        try:
+            await anyio.to_thread.run_sync(source.copy_fs_to, child)
+        finally:
+            source.release_fs()
+            child.release_fs()
+        if child.status != "forking" or child.closed:  # deleted or reset meanwhile
+            return
         await ctx.core.boot(child)
     except Exception:
         log.warning("fork %s -> %s failed", source.id, child.id, exc_info=True)
-        child.status = "error"
+        if child.status == "forking":
+            child.status = "error"
         return
     if child.status != "forking":
         return

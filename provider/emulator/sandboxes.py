@@ -4,12 +4,18 @@ Pause freezes every guest process with SIGSTOP (the supervisor, pid 1, sends ``k
 as soon as it is accepted; the status reads ``pausing`` for ``pause_delay_ms``, then ``paused``.
 Resume reads ``resuming`` for ``resume_delay_ms``, then SIGCONT and ``running``. Delete kills
 pid 1 (the kernel takes the whole namespace with it) before answering.
+
+Network: a sandbox whose egress list at create (or fork) is restrictive runs in its own network
+namespace (loopback only), chosen once and kept for its life (``isolated_net``). Idle pause: one
+timer task per sandbox sleeps until the idle deadline of an armed ``running`` sandbox (woken
+when that deadline may have moved earlier) and then pauses it through :meth:`Sandbox.pause`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -35,6 +41,12 @@ log = logging.getLogger("provider.emulator")
 GUEST_TREES = ("paperclip-workspace", "tmp", "root")
 LIVE = ("creating", "running", "pausing", "paused", "resuming", "forking", "error")
 TRANSITIONAL = ("creating", "pausing", "resuming", "forking", "destroying")
+
+
+def egress_restricts(egress: list[str] | None) -> bool:
+    """Whether a (normalized) egress list limits traffic: non-empty and without ``*`` (absent,
+    ``[]`` and ``["*"]`` allow everything; a list holding ``*`` does too)."""
+    return bool(egress) and "*" not in (egress or [])
 
 
 @dataclass
@@ -67,6 +79,7 @@ class Sandbox:
         runtime: GuestRuntime,
         settings: Settings,
         forked_from: str | None = None,
+        isolated_net: bool = False,
     ) -> None:
         self.id = new_id("sb_")
         self.spec = spec
@@ -75,6 +88,8 @@ class Sandbox:
         self.runtime = runtime
         self.settings = settings
         self.forked_from = forked_from
+        # Own network namespace (loopback only): decided at create or fork, never changed.
+        self.isolated_net = isolated_net
         self.status = "creating"
         self.created_at = utc_now()
         self.times: dict[str, str] = {}
@@ -84,7 +99,11 @@ class Sandbox:
         self.guest: Guest | None = None
         self.processes: dict[str, ManagedProcess] = {}
         self.last_activity = anyio.current_time()
+        self._idle_wake = anyio.Event()  # set when the idle deadline may have moved earlier
         self.paused_mono = 0.0
+        self._fs_holds = 0  # fork copies reading (source) or writing (child) the guest trees
+        self._fs_free = anyio.Event()
+        self._fs_free.set()
         self._stale: tuple[str, int] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = anyio.Event()
@@ -98,6 +117,11 @@ class Sandbox:
     @property
     def live(self) -> bool:
         return self.status in LIVE
+
+    @property
+    def closed(self) -> bool:
+        """Killed (deleted, reset or shut down): it must not boot again."""
+        return self._closed.is_set()
 
     # -- views --------------------------------------------------------------------------
     def view(self, *, reader: bool = False) -> dict[str, Any]:
@@ -154,8 +178,10 @@ class Sandbox:
             self.times["last_resumed_at"] = utc_now()
         if status == "paused":
             self.paused_mono = anyio.current_time()
+        self.rearm()
 
     def touch(self) -> None:
+        """Activity: the idle clock restarts (the timer notices when its deadline comes)."""
         self.last_activity = anyio.current_time()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -163,7 +189,6 @@ class Sandbox:
         self,
         *,
         supervisor: Path,
-        unshare_net: bool,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Own the sandbox's task group until it is destroyed; boots the guest first."""
@@ -178,14 +203,14 @@ class Sandbox:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:
-                await self._boot(tg, supervisor, unshare_net, mounts)
+                await self._boot(tg, supervisor, mounts)
             except BaseException:
                 self.status = "failed"
                 self._closed.set()
                 raise
             self.spawn_ms = int((anyio.current_time() - started) * 1000)
             task_status.started()
-            tg.start_soon(guarded, self._auto_pause_loop)
+            tg.start_soon(guarded, self._idle_timer)
             await self._closed.wait()
             tg.cancel_scope.cancel()
 
@@ -194,9 +219,7 @@ class Sandbox:
         root = self.spec.image_root
         return [] if root is None else image_mounts(root, self.spec.rootfs)
 
-    async def _boot(
-        self, tg: anyio.abc.TaskGroup, supervisor: Path, unshare_net: bool, mounts: list[str]
-    ) -> None:
+    async def _boot(self, tg: anyio.abc.TaskGroup, supervisor: Path, mounts: list[str]) -> None:
         await anyio.to_thread.run_sync(self._prepare_dirs)
         guest = Guest(self.runtime)
         self.guest = guest
@@ -207,7 +230,7 @@ class Sandbox:
             supervisor=supervisor,
             hostname=self.spec.name,
             log_path=self.state_dir / "supervisor.log",
-            unshare_net=unshare_net,
+            unshare_net=self.isolated_net,
             image_mounts=mounts,
         )
 
@@ -268,6 +291,8 @@ class Sandbox:
 
         async def finish() -> None:
             await anyio.sleep(delay_ms / 1000)
+            if thaw:  # a fork still copying this sandbox's files sees them unchanged
+                await self._fs_free.wait()
             if self._transition != token or self.status != expect:
                 return
             if thaw:
@@ -310,6 +335,21 @@ class Sandbox:
 
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir, onerror=onerror)
+
+    def hold_fs(self) -> None:
+        """A fork copy starts using this sandbox's trees (see :meth:`wait_fs_free`)."""
+        if self._fs_holds == 0:
+            self._fs_free = anyio.Event()
+        self._fs_holds += 1
+
+    def release_fs(self) -> None:
+        self._fs_holds -= 1
+        if self._fs_holds == 0:
+            self._fs_free.set()
+
+    async def wait_fs_free(self) -> None:
+        """Until no fork copy uses the trees (state removal and the thaw of a resume wait)."""
+        await self._fs_free.wait()
 
     def copy_fs_to(self, other: Sandbox) -> None:
         """Copy the guest trees into ``other`` (blocking; run as the guest uid on root hosts)."""
@@ -391,6 +431,7 @@ class Sandbox:
             watch=watch,
             kind="pty" if pty is not None else "process",
             pty_fd=fds[2] if pty is not None else None,
+            on_output=self.touch,
         )
         self.processes[process.process_id] = process
         assert self._tg is not None
@@ -405,23 +446,46 @@ class Sandbox:
     async def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
         return await self._require_guest().request(op, **fields)
 
-    # -- auto-pause ---------------------------------------------------------------------
-    def _output_total(self) -> int:
-        return sum(p.journal.total_bytes for p in self.processes.values())
+    # -- idle auto-pause ---------------------------------------------------------------
+    @property
+    def armed(self) -> bool:
+        return self.spec.auto_pause_after_seconds is not None
 
-    async def _auto_pause_loop(self) -> None:
-        seen_output = self._output_total()
+    def idle_limit_s(self) -> float | None:
+        """Seconds of quiet after which an armed running sandbox is paused (time-scaled)."""
+        limit = self.spec.auto_pause_after_seconds
+        return None if limit is None else limit * self.settings.auto_pause_time_scale
+
+    def rearm(self) -> None:
+        """Wake the idle timer: arming, status or time scale changed (activity only moves the
+        deadline later, which the timer finds out when it wakes)."""
+        self._idle_wake.set()
+
+    async def idle_pause_now(self) -> bool:
+        """Pause now as the idle timer would; False (nothing done) unless armed and running."""
+        if not self.armed or self.status != "running":
+            return False
+        await self.pause()
+        return True
+
+    async def _idle_timer(self) -> None:
+        """Sleep until the idle deadline (or a wake-up), then pause; no polling."""
         while True:
-            await anyio.sleep(0.25)
-            limit = self.spec.auto_pause_after_seconds
-            total = self._output_total()
-            if total != seen_output:
-                seen_output = total
-                self.touch()
+            limit = self.idle_limit_s()
             if limit is None or self.status != "running":
+                await self._sleep_until_woken(math.inf)
                 continue
-            if anyio.current_time() - self.last_activity >= limit:
-                await self.pause()
+            left = self.last_activity + limit - anyio.current_time()
+            if left > 0:
+                await self._sleep_until_woken(left)
+                continue
+            log.info("sandbox %s idle for %.3g s: pausing", self.id, limit)
+            await self.pause()
+
+    async def _sleep_until_woken(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await self._idle_wake.wait()
+        self._idle_wake = anyio.Event()  # no await since the wait: no wake-up is lost
 
 
 def _guest_mkdirs(base: Path, relative: str, uid: int | None) -> None:

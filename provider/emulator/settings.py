@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ class Settings:
     journal_bytes: int = 1 << 20
     heartbeat_ms: int = 5000
     min_auto_pause_seconds: int = 60
+    auto_pause_time_scale: float = 1.0  # idle pause after N x this many seconds (float > 0)
     accept_any_shape: bool = False
     destroyed_retention_ms: int = 5000
     max_file_bytes: int = 512 << 20
@@ -57,6 +59,14 @@ class Settings:
                 ok = isinstance(value, bool)
             elif kind is int:
                 ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            elif kind is float:
+                ok = (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                    and value > 0
+                )
+                value = float(value) if ok else value
             else:
                 ok = isinstance(value, str) and bool(value)
             if name == "create_mode" and value not in CREATE_MODES:

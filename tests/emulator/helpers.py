@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
+from anyio.abc import SocketAttribute
 
 from provider.emulator import Emulator
 
@@ -46,6 +49,27 @@ async def wait_status(client: httpx.AsyncClient, sandbox_id: str, status: str) -
             if response.status_code == 200 and data(response)["status"] == status:
                 return dict(data(response))
             await anyio.sleep(0.02)
+
+
+async def admin_status(emu: Emulator, sandbox_id: str) -> str | None:
+    """The sandbox's status read through the admin API (never sandbox activity); None when it
+    is no longer live."""
+    for row in (await emu.admin.state())["sandboxes"]:
+        if row["id"] == sandbox_id:
+            return str(row["status"])
+    return None
+
+
+async def wait_status_quietly(
+    emu: Emulator, sandbox_id: str, status: str, timeout: float = 20.0
+) -> float:
+    """Wait for ``status`` without touching the sandbox's idle clock (admin reads only);
+    answers the seconds waited."""
+    started = anyio.current_time()
+    with anyio.fail_after(timeout):
+        while await admin_status(emu, sandbox_id) != status:
+            await anyio.sleep(0.05)
+    return anyio.current_time() - started
 
 
 async def sh(client: httpx.AsyncClient, sandbox_id: str, script: str) -> dict[str, Any]:
@@ -94,3 +118,42 @@ def payload(frames: list[dict[str, Any]], stream: str | None = None) -> bytes:
 async def guest_pids(client: httpx.AsyncClient, sandbox_id: str) -> set[str]:
     result = await sh(client, sandbox_id, "ls /proc | grep -E '^[0-9]+$'")
     return set(result["stdout"].split())
+
+
+@asynccontextmanager
+async def host_listener() -> AsyncIterator[int]:
+    """A TCP listener on the host's 127.0.0.1 (ephemeral port, yielded) that greets every
+    connection with ``hello``."""
+
+    async def greet(stream: anyio.abc.SocketStream) -> None:
+        with contextlib.suppress(Exception):
+            async with stream:
+                await stream.send(b"hello\n")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = int(listener.extra(SocketAttribute.local_port))
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, greet)
+        try:
+            yield port
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def reaches_host(client: httpx.AsyncClient, sandbox_id: str, port: int) -> bool:
+    """Whether the sandbox can open a TCP connection to ``127.0.0.1:port`` on the host (and
+    read the listener's greeting)."""
+    script = (
+        f"timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && read -r line <&3 && "
+        'echo "got $line"\' 2>/dev/null'
+    )
+    result = await sh(client, sandbox_id, script)
+    return bool(result["stdout"] == "got hello\n")
+
+
+async def network_mode(emu: Emulator, sandbox_id: str) -> str:
+    """``loopback-only`` or ``host``, as the admin state reports it."""
+    for row in (await emu.admin.state())["sandboxes"]:
+        if row["id"] == sandbox_id:
+            return str(row["network"])
+    raise AssertionError(f"{sandbox_id} is not live")
