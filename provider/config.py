@@ -8,16 +8,22 @@ field and the fix; no message ever repeats the API key or the given URL.
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from provider.config_fields import (
+    AUTO_PAUSE,
+    IntegerField,
+    egress_allowlist,
+    integer_field,
+    rootfs_by_adapter,
+    text_field,
+)
 from provider.errors import ConfigError
 
 DEFAULT_API_URL: Final = "https://api.sb.createos.sh"
@@ -73,6 +79,9 @@ class EnvironmentConfig(BaseModel):
     reuse_lease: bool
     reuse_max_idle_seconds: int
     reuse_max_kept_sandboxes: int
+    egress_allowlist: tuple[str, ...] = ()
+    auto_pause_after_seconds: int = AUTO_PAUSE.default
+    rootfs_by_adapter: dict[str, str] = Field(default_factory=dict)
 
     def normalized(self) -> dict[str, object]:
         """The ``normalizedConfig`` object the host persists (camelCase keys, nulls kept)."""
@@ -86,6 +95,9 @@ class EnvironmentConfig(BaseModel):
             "reuseLease": self.reuse_lease,
             "reuseMaxIdleSeconds": self.reuse_max_idle_seconds,
             "reuseMaxKeptSandboxes": self.reuse_max_kept_sandboxes,
+            "egressAllowlist": list(self.egress_allowlist),
+            "autoPauseAfterSeconds": self.auto_pause_after_seconds,
+            "rootfsByAdapter": dict(self.rootfs_by_adapter),
         }
 
 
@@ -139,71 +151,27 @@ def normalize_api_url(url: str) -> str:
     return f"{scheme}://{host_text}{port_text}"
 
 
-def _text(raw: Mapping[str, Any], field: str) -> str | None:
-    value = raw.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, str) or "\x00" in value or not value.strip():
-        raise ConfigError(
-            f"{field} must be a non-empty string without NUL characters "
-            f"(or null to leave it unset)",
-            field=field,
-        )
-    return value.strip()
-
-
-def _whole_number(value: object) -> int | None:
-    """An integer, or an integral finite float as one; None for anything else (booleans too)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    return None
-
-
-@dataclass(frozen=True)
-class _IntegerField:
-    name: str
-    default: int
-    accepts: Callable[[int], bool]
-    forms: str  # what the message says is accepted
-
-
-_TIMEOUT_MS: Final = _IntegerField(
+_TIMEOUT_MS: Final = IntegerField(
     "timeoutMs",
     DEFAULT_TIMEOUT_MS,
     lambda n: 1 <= n <= MAX_TIMEOUT_MS,
     f"a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}",
 )
 _REUSE_BOUNDS: Final = (
-    _IntegerField(
+    IntegerField(
         "reuseMaxIdleSeconds",
         DEFAULT_REUSE_MAX_IDLE_SECONDS,
         lambda n: n == 0 or MIN_REUSE_MAX_IDLE_SECONDS <= n <= MAX_REUSE_MAX_IDLE_SECONDS,
         "a whole number of seconds: 0 (no age bound) or from "
         f"{MIN_REUSE_MAX_IDLE_SECONDS} to {MAX_REUSE_MAX_IDLE_SECONDS}",
     ),
-    _IntegerField(
+    IntegerField(
         "reuseMaxKeptSandboxes",
         DEFAULT_REUSE_MAX_KEPT,
         lambda n: 0 <= n <= MAX_REUSE_MAX_KEPT,
         f"a whole number from 0 (no count bound) to {MAX_REUSE_MAX_KEPT}",
     ),
 )
-
-
-def _integer(raw: Mapping[str, Any], spec: _IntegerField) -> int:
-    """Missing or null: the default; else an integer (integral floats too, never a boolean)."""
-    value = raw.get(spec.name)
-    if value is None:
-        return spec.default
-    number = _whole_number(value)
-    if number is None or not spec.accepts(number):
-        raise ConfigError(
-            f"{spec.name} must be {spec.forms} (or null for the default {spec.default})",
-            field=spec.name,
-        )
-    return number
 
 
 def _reuse_lease(raw: Mapping[str, Any]) -> bool:
@@ -226,7 +194,7 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
     api_url = DEFAULT_API_URL
     for field in _TEXT_FIELDS:
         try:
-            texts[field] = _text(raw, field)
+            texts[field] = text_field(raw, field)
             if field == "apiUrl" and texts[field] is not None:
                 api_url = normalize_api_url(texts["apiUrl"] or "")
         except ConfigError as exc:
@@ -244,7 +212,7 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
     timeout_ms = DEFAULT_TIMEOUT_MS
     reuse_lease = False
     try:
-        timeout_ms = _integer(raw, _TIMEOUT_MS)
+        timeout_ms = integer_field(raw, _TIMEOUT_MS)
     except ConfigError as exc:
         errors.append(exc)
     try:
@@ -254,7 +222,17 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
     bounds = {spec.name: spec.default for spec in _REUSE_BOUNDS}
     for spec in _REUSE_BOUNDS:
         try:
-            bounds[spec.name] = _integer(raw, spec)
+            bounds[spec.name] = integer_field(raw, spec)
+        except ConfigError as exc:
+            errors.append(exc)
+    placement: dict[str, Any] = {}
+    for name, parse in (
+        ("egress_allowlist", egress_allowlist),
+        ("auto_pause_after_seconds", lambda r: integer_field(r, AUTO_PAUSE)),
+        ("rootfs_by_adapter", rootfs_by_adapter),
+    ):
+        try:
+            placement[name] = parse(raw)
         except ConfigError as exc:
             errors.append(exc)
     if errors or shape is None:
@@ -269,6 +247,7 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
         reuse_lease=reuse_lease,
         reuse_max_idle_seconds=bounds["reuseMaxIdleSeconds"],
         reuse_max_kept_sandboxes=bounds["reuseMaxKeptSandboxes"],
+        **placement,
     )
     return config, []
 
@@ -300,6 +279,11 @@ def validate_config(raw: object) -> dict[str, object]:
         warnings.append(
             f"shape {config.shape!r} is not in the bundled CreateOS catalog "
             f"({', '.join(KNOWN_SHAPES)}); it is sent to CreateOS as given"
+        )
+    if "*" in config.egress_allowlist and len(config.egress_allowlist) > 1:
+        warnings.append(
+            "egressAllowlist holds '*' beside other rules: the other rules restrict egress, so "
+            "'*' is dropped (use ['*'] or [] alone to allow everything)"
         )
     if config.api_key is None:
         warnings.append(

@@ -122,6 +122,9 @@ def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() ->
         "reuseLease": True,
         "reuseMaxIdleSeconds": 3600.0,
         "reuseMaxKeptSandboxes": 0,
+        "egressAllowlist": [" GitHub.com ", "10.0.0.0/8", "github.com"],
+        "autoPauseAfterSeconds": 60.0,
+        "rootfsByAdapter": {" codex_local ": " ubuntu:26.04 "},
         "archiveOnRelease": True,
         "runnerLifecycleMode": "x",
         "bridgeRequestTimeoutMs": 1,
@@ -136,6 +139,9 @@ def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() ->
         "reuseLease": True,
         "reuseMaxIdleSeconds": 3600,
         "reuseMaxKeptSandboxes": 0,
+        "egressAllowlist": ["github.com", "10.0.0.0/8"],
+        "autoPauseAfterSeconds": 60,
+        "rootfsByAdapter": {"codex_local": "ubuntu:26.04"},
     }
 
 
@@ -284,6 +290,9 @@ def test_validate_returns_normalized_config_with_nulls_for_absent_optionals() ->
             "reuseLease": False,
             "reuseMaxIdleSeconds": 86_400,
             "reuseMaxKeptSandboxes": 5,
+            "egressAllowlist": [],
+            "autoPauseAfterSeconds": 600,
+            "rootfsByAdapter": {},
             "streamRunLogs": False,  # a host-owned flag we default (see config.py)
         },
     }
@@ -415,3 +424,105 @@ def test_manifest_schema_lists_the_catalog_and_the_defaults() -> None:
         "reuseMaxIdleSeconds",
         "reuseMaxKeptSandboxes",
     }
+
+
+# --- egress, window, rootfs per adapter (checklist 58-59) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "normalized"),
+    [
+        ("github.com", "github.com"),
+        ("*.example.com:443", "*.example.com:443"),
+        ("203.0.113.7", "203.0.113.7"),
+        ("10.0.0.0/8", "10.0.0.0/8"),
+        ("[2001:db8::1]:22", "[2001:db8::1]:22"),
+        ("2001:db8::/32", "2001:db8::/32"),
+        ("*", "*"),
+        (" Example.COM ", "example.com"),
+        ("2001:DB8:0::1", "2001:db8::1"),
+    ],
+)
+def test_egress_rules_in_every_accepted_form(rule: str, normalized: str) -> None:
+    config = parse_config({**BASE, "egressAllowlist": ["pypi.org", rule]})
+    assert config.egress_allowlist == ("pypi.org", normalized)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        "http://x.com",
+        "a..b",
+        "10.0.0.1/8",
+        "1.2.3.4:0",
+        "10.0.0.0/33",
+        "-x.com",
+        42,
+        "x.com.",
+        "fe80::1%eth0",
+        "1.2.3.4:080",
+        "[10.0.0.1]:22",
+        "two words",
+        "",
+        "a" * 300,
+        "1.2.3.999",
+    ],
+)
+def test_a_bad_egress_rule_is_refused_by_position_and_never_echoed(rule: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**BASE, "egressAllowlist": ["github.com", rule]})
+    message = str(caught.value)
+    assert "egressAllowlist[1]" in message and "github.com, *.example.com" in message
+    if isinstance(rule, str) and len(rule) > 3:
+        assert rule not in message.replace("http://", "").replace("github.com, ", "")
+    assert caught.value.field == "egressAllowlist"
+
+
+def test_egress_allowlist_shape_limits_and_the_star_warning() -> None:
+    for bad in ("github.com", {"a": 1}, ["x.com"] * 257):
+        with pytest.raises(ConfigError, match="egressAllowlist"):
+            parse_config({**BASE, "egressAllowlist": bad})
+    result = validate_config({**BASE, "egressAllowlist": ["*", "github.com"]})
+    assert result["ok"] is True
+    warnings = result["warnings"]
+    assert isinstance(warnings, list) and any("'*'" in w for w in warnings)
+    assert parse_config({**BASE, "egressAllowlist": None}).egress_allowlist == ()
+
+
+@pytest.mark.parametrize("seconds", [0, 60, 86_400, 600.0])
+def test_auto_pause_accepts_zero_and_the_window_range(seconds: float) -> None:
+    assert parse_config({**BASE, "autoPauseAfterSeconds": seconds}).auto_pause_after_seconds == int(
+        seconds
+    )
+
+
+@pytest.mark.parametrize("seconds", [1, 59, 86_401, 60.5, True, "600", -60])
+def test_auto_pause_refuses_everything_else(seconds: object) -> None:
+    with pytest.raises(ConfigError, match=r"autoPauseAfterSeconds.*0 \(pause at release\)"):
+        parse_config({**BASE, "autoPauseAfterSeconds": seconds})
+
+
+def test_auto_pause_defaults_to_600() -> None:
+    assert parse_config(BASE).auto_pause_after_seconds == 600
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        "codex_local=ubuntu",
+        ["codex_local"],
+        {"": "ubuntu:26.04"},
+        {"codex_local": ""},
+        {"codex_local": "   "},
+        {"codex\x00local": "ubuntu"},
+        {"codex_local": "ubun\ttu"},
+        {" codex_local": "a", "codex_local ": "b"},
+        {"codex_local": 5},
+        {f"adapter{n}": "x" for n in range(65)},
+        {"codex_local": "x" * 201},
+    ],
+)
+def test_rootfs_by_adapter_refusals(mapping: object) -> None:
+    with pytest.raises(ConfigError, match="rootfsByAdapter") as caught:
+        parse_config({**BASE, "rootfsByAdapter": mapping})
+    assert caught.value.field == "rootfsByAdapter"

@@ -45,6 +45,7 @@ def test_manifest_declares_one_createos_sandbox_provider() -> None:
     assert driver["sandboxCapabilities"] == {
         "incrementalSessionOutput": True,
         "duplexCommandStream": True,
+        "concurrentSyncOperations": True,
     }
     assert driver["supportsLoginPty"] is True
     assert "supportsSetupTokenLogin" not in driver  # the deprecated alias must never disagree
@@ -75,3 +76,21 @@ def test_declared_interactive_features_match_the_served_verb_groups() -> None:
     for flag, verbs in groups.items():
         served = [verb in VERBS for verb in verbs]
         assert all(served) == declared[flag] and any(served) == declared[flag], flag
+
+
+def test_the_config_schema_describes_every_normalized_field() -> None:
+    """Checklist 60: each stored field has a title, a description and its range or default."""
+    from provider.config import parse_config
+
+    (driver,) = _json("manifest.json")["environmentDrivers"]
+    properties = driver["configSchema"]["properties"]
+    normalized = parse_config({"apiUrl": "http://127.0.0.1:1", "shape": "s-1vcpu-1gb"})
+    assert set(properties) == set(normalized.normalized())
+    for name, schema in properties.items():
+        assert schema["title"] and schema["description"], name
+    assert properties["egressAllowlist"]["maxItems"] == 256
+    assert properties["egressAllowlist"]["default"] == []
+    window = properties["autoPauseAfterSeconds"]
+    assert (window["minimum"], window["maximum"], window["default"]) == (0, 86400, 600)
+    assert "1-59 are refused" in window["description"]
+    assert properties["rootfsByAdapter"]["additionalProperties"] == {"type": "string"}

@@ -59,6 +59,18 @@ class ProcessCalls(ClientCore):
         )
         return process_view(data, operation)
 
+    async def list_processes(self, sandbox_id: str) -> list[ProcessView]:
+        """``GET .../processes``: every managed process the sandbox still lists."""
+        operation = "list processes"
+        require_id(sandbox_id, "sandbox")
+        data = await self._json_call(
+            "GET", f"/sandboxes/{sandbox_id}/processes", operation=operation
+        )
+        items = data.get("processes") if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise APIProtocolError(f"CreateOS {operation} answered without a process list.")
+        return [process_view(item, operation) for item in items]
+
     async def get_process(self, sandbox_id: str, process_id: str) -> ProcessView:
         """``GET .../processes/{pid}``."""
         operation = "read process"

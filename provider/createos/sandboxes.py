@@ -40,15 +40,28 @@ class SandboxCalls(ClientCore):
         return sandbox_id
 
     async def create_sandbox_status(
-        self, *, shape: str, name: str, rootfs: str | None, region: str | None
+        self,
+        *,
+        shape: str,
+        name: str,
+        rootfs: str | None,
+        region: str | None,
+        egress: Sequence[str] | None = None,
+        auto_pause_after_seconds: int | None = None,
     ) -> tuple[str, str | None]:
         """``POST /sandboxes``: the new id and the status the answer reported (None when it
-        named none or an unknown one). Retried only on 429."""
+        named none or an unknown one). ``egress``: the outbound allowlist (omitted: allow all);
+        ``auto_pause_after_seconds``: CreateOS pauses the sandbox once idle that long.
+        Retried only on 429."""
         body: dict[str, Any] = {"shape": shape, "name": name}
         if rootfs is not None:
             body["rootfs"] = rootfs
         if region is not None:
             body["region"] = region
+        if egress:
+            body["egress"] = list(egress)
+        if auto_pause_after_seconds is not None:
+            body["auto_pause_after_seconds"] = auto_pause_after_seconds
         body["ingress_enabled"] = False
         operation = "create sandbox"
         data = await self._json_call("POST", "/sandboxes", operation=operation, json=body)
@@ -107,6 +120,16 @@ class SandboxCalls(ClientCore):
         """``POST /sandboxes/{id}/resume`` (202 or 200); 409 raises Conflict."""
         require_id(sandbox_id, "sandbox")
         await self._json_call("POST", f"/sandboxes/{sandbox_id}/resume", operation="resume sandbox")
+
+    async def put_egress(self, sandbox_id: str, egress: Sequence[str]) -> None:
+        """``PUT /sandboxes/{id}/egress``: replace the outbound allowlist (``[]``: allow all)."""
+        require_id(sandbox_id, "sandbox")
+        await self._json_call(
+            "PUT",
+            f"/sandboxes/{sandbox_id}/egress",
+            operation="set sandbox egress",
+            json={"egress": list(egress)},
+        )
 
     async def exec(
         self, sandbox_id: str, cmd: str, args: Sequence[str], *, stdin: str | None = None

@@ -233,7 +233,7 @@ class DuplexChannels:
 
         async def start(s: RemoteSession) -> None:
             await start_process(s, script=script, login=False, pty=None)
-            self.interactive.start_reader(s)
+            self.interactive.start_reader(s, target.window)
             await s.wait_opened()  # connected and the gate written (7.1.3)
 
         reply = await self.interactive.open(

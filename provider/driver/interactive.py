@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from provider.driver.keepalive import keepalive
 from provider.driver.process_records import JournaledProcesses
 from provider.driver.registry import LeaseRef, LeaseRegistry
 from provider.driver.runtime import BoundCall, DriverRuntime, deadline
@@ -38,12 +39,21 @@ CLOSE_BUDGET = 8.0  # per close; the host waits 10 s and kills the worker after 
 
 
 @dataclass(frozen=True)
+class Registered:
+    """A lease's latest owned call, and its warm window (keepalive reads while a session runs)."""
+
+    call: BoundCall
+    window: int | None = None
+
+
+@dataclass(frozen=True)
 class OpenTarget:
     """An open's checked identity: its route, its lease and that lease's latest binding."""
 
     route_id: str
     ref: LeaseRef
     call: BoundCall
+    window: int | None = None
 
 
 class Interactive:
@@ -52,13 +62,14 @@ class Interactive:
         self.notify = notify
         self.log = log
         self.table = SessionTable()
-        self.registry: LeaseRegistry[BoundCall] = LeaseRegistry()
+        self.registry: LeaseRegistry[Registered] = LeaseRegistry()
 
     # -- the registry ----------------------------------------------------------------------
 
-    def register(self, call: BoundCall, lease_id: str | None) -> None:
+    def register(self, call: BoundCall, lease_id: str | None, window: int | None = None) -> None:
         if lease_id:
-            self.registry.register(LeaseRef(call.company_id, call.environment_id, lease_id), call)
+            ref = LeaseRef(call.company_id, call.environment_id, lease_id)
+            self.registry.register(ref, Registered(call, window))
 
     def forget(self, call: BoundCall, lease_id: str | None) -> None:
         if lease_id:
@@ -80,14 +91,14 @@ class Interactive:
         if params.driverKey != "createos":
             raise RequestRefused(f"{method} is for the createos driver only.")
         ref = LeaseRef(params.companyId, params.environmentId, params.providerLeaseId)
-        call = self.registry.lookup(ref)
-        if call is None:
+        found = self.registry.lookup(ref)
+        if found is None:
             raise RequestRefused(
                 f"This worker holds no such lease (it was released, or the worker restarted); "
                 f"start the {kind} again."
             )
-        self.runtime.tracker.check_usable(call.scope(ref.lease_id), f"open a {kind}")
-        return OpenTarget(route, ref, call)
+        self.runtime.tracker.check_usable(found.call.scope(ref.lease_id), f"open a {kind}")
+        return OpenTarget(route, ref, found.call, found.window)
 
     def new_session(
         self, factory: Callable[..., S], kind: str, target: OpenTarget, prefix: str
@@ -139,13 +150,22 @@ class Interactive:
             session.open_done.set()
         return AfterReply(result, session.mark_bound)
 
-    def start_reader(self, session: RemoteSession) -> None:
-        """Run the session's reader as background work; it leaves the table when it ends."""
+    def start_reader(self, session: RemoteSession, window: int | None = None) -> None:
+        """Run the session's reader as background work; it leaves the table when it ends.
+        On a warm lease (``window``) keepalive reads run as long as the session does."""
         kind = session.kind
+        runtime = self.runtime
 
         async def job() -> None:
             try:
-                await session.read()
+                async with keepalive(
+                    runtime.background,
+                    session.client,
+                    session.scope.lease_id,
+                    window,
+                    runtime.keepalive_interval,
+                ):
+                    await session.read()
             finally:
                 self.table.release(kind, session)
                 with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_DEADLINE):

@@ -168,7 +168,9 @@ class LoginTerminals:
                     f"Creating the login's session home failed (exit {made.exit_code})."
                 )
             await start_process(s, script=script, login=True, pty=PTY_SIZE)
-            self.interactive.start_reader(s)  # replays from the start: no gate needed
+            self.interactive.start_reader(
+                s, target.window
+            )  # replays from the start: no gate needed
 
         return await self.interactive.open(
             session, target, start, {"workerSessionId": session.session_id}

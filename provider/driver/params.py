@@ -31,6 +31,10 @@ class AcquireParams(CallParams, kw_only=True):
     # anything else (null, a number) just makes the lease disposable.
     agentId: Any = None
     executionWorkspaceId: Any = None
+    # Checked by provider.driver.placement: adapterType picks a rootfs, networkEgress grants
+    # widen the egress allowlist (a malformed one is refused there, by field and position).
+    adapterType: Any = None
+    executionWorkspaceSettings: Any = None
 
 
 class LeaseIdParams(CallParams, kw_only=True):

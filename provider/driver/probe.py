@@ -11,8 +11,8 @@ from typing import Any
 
 import anyio
 
+from provider.driver.acquire import disposable_placement, provision_sandbox
 from provider.driver.execute import CommandSpec, run_command
-from provider.driver.leases import provision_sandbox
 from provider.driver.params import CallParams
 from provider.driver.recovery import recover_orphans
 from provider.driver.runtime import ROOT, DriverRuntime, bind_call, deadline
@@ -35,7 +35,9 @@ async def probe(runtime: DriverRuntime, params: CallParams) -> dict[str, Any]:
         try:
             budget = min(call.timeout, PROBE_DEADLINE_CAP)
             with deadline(budget, "The CreateOS probe"):
-                sandbox_id, _marker = await provision_sandbox(client, call, runtime.journal)
+                sandbox_id, _marker = await provision_sandbox(
+                    client, call, runtime.journal, disposable_placement(call)
+                )
                 result = await run_command(
                     client,
                     sandbox_id,

@@ -5,9 +5,8 @@ Pure functions, no I/O (provider-behavior.md 2.3.3, 2.10, 2.13):
 - :func:`is_reusable`: at acquire, a lease is reusable only when the environment reuses leases
   and the acquire names an execution workspace and an agent (only then does the host ever offer
   it for resume). Probes, login and ad-hoc leases are disposable.
-- :func:`is_keepable`: at release, the sandbox is kept only when the current config still reuses
-  leases and the lease was issued reusable. (The warm window of 2.10 joins this rule later: a
-  lease whose stored window differs from the current one will not be keepable.)
+- (whether a released lease is kept also depends on its stored warm window:
+  :func:`provider.driver.placement.is_keepable`)
 - :func:`scope_tag` / :func:`name_token`: every create carries ``pc-<scope tag>-<uuid>``, where
   the tag is derived from company, environment and API origin only (never a secret), so the
   reaper recognises this environment's sandboxes and nothing else.
@@ -21,7 +20,7 @@ import hashlib
 import math
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -36,11 +35,6 @@ _UUID: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 def is_reusable(config: EnvironmentConfig, execution_workspace_id: Any, agent_id: Any) -> bool:
     """True when the lease may be kept at release (2.10.1)."""
     return config.reuse_lease and _named(execution_workspace_id) and _named(agent_id)
-
-
-def is_keepable(config: EnvironmentConfig, metadata: Mapping[str, Any] | None) -> bool:
-    """True when release keeps the sandbox: current config reuses, lease was issued reusable."""
-    return config.reuse_lease and (metadata or {}).get("reuseLease") is True
 
 
 def _named(value: Any) -> bool:

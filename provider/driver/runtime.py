@@ -24,6 +24,7 @@ from provider.createos.pacer import pacer_for
 from provider.createos.pool import ConnectionPool
 from provider.driver.background import BackgroundTasks
 from provider.driver.journal import LeaseJournal
+from provider.driver.keepalive import default_interval
 from provider.driver.params import CallParams
 from provider.driver.tracker import LeaseTracker, ScopeKey
 from provider.errors import ProviderError, RequestRefused
@@ -47,6 +48,8 @@ class DriverRuntime:
     journal: LeaseJournal = field(default_factory=lambda: LeaseJournal(None))
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     pool: ConnectionPool = field(default_factory=ConnectionPool)
+    #: seconds between keepalive reads of a warm lease, from its window (tests shorten it)
+    keepalive_interval: Callable[[int], float] = default_interval
 
     def __post_init__(self) -> None:
         if self.client_factory is default_client_factory:  # keep-alive connections per key

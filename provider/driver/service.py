@@ -10,16 +10,18 @@ in the runtime's background tasks after reusable acquires and kept releases.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
 
 from provider.config import validate_config
-from provider.driver import leases
+from provider.createos.client import CreateOSClient
+from provider.driver import acquire, leases
 from provider.driver.channels import DuplexChannels
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
 from provider.driver.interactive import Interactive
+from provider.driver.keepalive import keepalive, warm_window
 from provider.driver.live import LiveRelay
 from provider.driver.login import LoginTerminals
 from provider.driver.params import (
@@ -106,15 +108,15 @@ class DriverService:
 
     async def acquire(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, AcquireParams, "environmentAcquireLease")
-        lease = await leases.acquire(self.runtime, decoded, on_reusable=self.reaper.after_acquire)
-        self._register(decoded, lease.get("providerLeaseId"))
+        lease = await acquire.acquire(self.runtime, decoded, on_reusable=self.reaper.after_acquire)
+        self._register(decoded, lease.get("providerLeaseId"), lease.get("metadata"))
         return lease
 
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseIdParams, "environmentResumeLease")
         with self.reaper.in_use(decoded.providerLeaseId):
             lease = await leases.resume(self.runtime, decoded)
-        self._register(decoded, lease.get("providerLeaseId"))
+        self._register(decoded, lease.get("providerLeaseId"), lease.get("metadata"))
         return lease
 
     async def release(self, params: dict[str, Any]) -> dict[str, Any] | None:
@@ -136,13 +138,14 @@ class DriverService:
     async def realize(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseParams, "environmentRealizeWorkspace")
         result = await leases.realize(self.runtime, decoded)
-        self._register(decoded, decoded.lease.providerLeaseId)
+        self._register(decoded, decoded.lease.providerLeaseId, decoded.lease.metadata)
         return result
 
-    def _register(self, params: CallParams, lease_id: Any) -> None:
+    def _register(self, params: CallParams, lease_id: Any, metadata: Any) -> None:
         """2.12: an owned call (re)registers its lease for terminal and channel opens."""
         if isinstance(lease_id, str) and lease_id:
-            self.interactive.register(bind_call(self.runtime, params), lease_id)
+            window = warm_window(metadata if isinstance(metadata, dict) else None)
+            self.interactive.register(bind_call(self.runtime, params), lease_id, window)
 
     async def _close_sessions(self, call: BoundCall, lease_id: str) -> None:
         """Release and destroy: forget the lease, then close its terminals and channels."""
@@ -155,7 +158,7 @@ class DriverService:
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
         scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
-        self.interactive.register(call, scope.lease_id)
+        self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         timeout = (
             call.timeout
             if p.timeoutMs is None
@@ -174,6 +177,7 @@ class DriverService:
         async with (
             self.runtime.tracker.track(scope, "command"),
             self.runtime.client_factory(call.config, call.api_key) as client,
+            self._keepalive(client, scope, p.lease.metadata),
             self._poison_on_unconfirmed(scope),
         ):
             # The relay's writer runs beside the command; the result is answered once it has
@@ -211,12 +215,13 @@ class DriverService:
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
         scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
-        self.interactive.register(call, scope.lease_id)
+        self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
         async with (
             self.runtime.tracker.track(scope, "file sync"),
             self.runtime.client_factory(call.config, call.api_key) as client,
+            self._keepalive(client, scope, p.lease.metadata),
         ):
             session = SyncSession(
                 client,
@@ -233,6 +238,18 @@ class DriverService:
                     else:
                         results = await session.sync_out(planned)
         return {"operations": results}
+
+    def _keepalive(
+        self, client: CreateOSClient, scope: ScopeKey, metadata: dict[str, Any] | None
+    ) -> AbstractAsyncContextManager[None]:
+        """Keepalive reads while the work runs, on a warm lease only (2.10.6)."""
+        return keepalive(
+            self.runtime.background,
+            client,
+            scope.lease_id,
+            warm_window(metadata),
+            self.runtime.keepalive_interval,
+        )
 
     @asynccontextmanager
     async def _poison_on_unconfirmed(self, scope: ScopeKey) -> AsyncIterator[None]:

@@ -11,9 +11,9 @@ import pytest
 
 from provider.config import parse_config
 from provider.createos.models import SandboxView
+from provider.driver.placement import is_keepable
 from provider.driver.reuse import (
     ReapChoice,
-    is_keepable,
     is_ours,
     is_reusable,
     name_token,
@@ -92,8 +92,11 @@ def test_a_lease_is_reusable_only_with_reuse_on_and_both_ids(
 @pytest.mark.parametrize(
     ("metadata", "keepable"),
     [
-        ({"reuseLease": True}, True),
-        ({"reuseLease": False}, False),
+        ({"reuseLease": True, "autoPauseAfterSeconds": 600}, True),
+        ({"reuseLease": True}, False),  # issued before the warm window: no stored window
+        ({"reuseLease": True, "autoPauseAfterSeconds": 0}, False),  # the window changed
+        ({"reuseLease": True, "autoPauseAfterSeconds": True}, False),
+        ({"reuseLease": False, "autoPauseAfterSeconds": 600}, False),
         ({"reuseLease": "true"}, False),
         ({"reuseLease": 1}, False),
         ({}, False),

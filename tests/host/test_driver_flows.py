@@ -46,6 +46,7 @@ class Flow:
                 "shape": SHAPE,
                 "timeoutMs": 60_000,
                 "reuseLease": reuse,
+                "autoPauseAfterSeconds": 0,  # window 0: a kept lease is paused at release
             },
         }
 

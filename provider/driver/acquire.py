@@ -1,0 +1,245 @@
+"""Acquire (provider-behavior.md 2.3): create a sandbox and prove it is ours.
+
+Acquire plans the sandbox (:mod:`provider.driver.placement`: egress, warm window, rootfs per
+adapter), creates it with a unique name token (``pc-<scope tag>-<uuid>``), waits for
+``running``, prepares the workspace and writes a random marker that resume reads back. Every
+refusal happens before the first HTTP request. Whatever fails after the create deletes the
+sandbox again; a create whose outcome is unknown is looked up by its name token and deleted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.createos.errors import APIStatusError, RateLimited
+from provider.driver.journal import LeaseJournal
+from provider.driver.params import AcquireParams
+from provider.driver.placement import Placement, plan_placement
+from provider.driver.recovery import recover_orphans
+from provider.driver.reuse import name_token, scope_tag
+from provider.driver.runtime import (
+    PROVIDER_NAME,
+    ROOT,
+    BoundCall,
+    DriverRuntime,
+    bind_call,
+    deadline,
+)
+from provider.driver.sandbox_ops import delete_sandbox_confirmed, transition
+from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
+
+MARKER_DIR = f"{ROOT}/.paperclip-runtime"
+MARKER_PATH = f"{MARKER_DIR}/.paperclip-createos-lease"
+CLEANUP_DEADLINE_CAP = 60.0
+
+LeaseHook = Callable[[BoundCall, str], None]
+"""Told the call and the lease id of a reusable or kept lease; returns at once."""
+
+
+async def acquire(
+    runtime: DriverRuntime, params: AcquireParams, *, on_reusable: LeaseHook | None = None
+) -> dict[str, Any]:
+    if params.requestedExpiresAt:
+        raise RequestRefused(
+            "CreateOS cannot bound a lease's lifetime (it has no hard expiry), so a lease with "
+            "requestedExpiresAt cannot be honoured."
+        )
+    call = bind_call(runtime, params)
+    placement = plan_placement(
+        call.config,
+        adapter_type=params.adapterType,
+        workspace_settings=params.executionWorkspaceSettings,
+        execution_workspace_id=params.executionWorkspaceId,
+        agent_id=params.agentId,
+    )
+    await recover_orphans(runtime, call)
+    async with runtime.client_factory(call.config, call.api_key) as client:
+        with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
+            sandbox_id, marker = await provision_sandbox(client, call, runtime.journal, placement)
+    if placement.reusable and on_reusable is not None:
+        on_reusable(call, sandbox_id)
+    return {
+        "providerLeaseId": sandbox_id,
+        "metadata": lease_metadata(call, marker, placement),
+        "expiresAt": None,
+    }
+
+
+def lease_metadata(call: BoundCall, marker: str, placement: Placement) -> dict[str, Any]:
+    config = call.config
+    return {
+        "provider": PROVIDER_NAME,
+        "apiUrl": config.api_url,
+        "companyId": call.company_id,
+        "environmentId": call.environment_id,
+        "remoteCwd": ROOT,
+        "shellCommand": "bash",
+        "marker": marker,
+        "shape": config.shape,
+        "region": config.region,
+        **placement.metadata(),
+    }
+
+
+def disposable_placement(call: BoundCall) -> Placement:
+    """A lease no run will reuse (probe): the base egress list, no window, no adapter."""
+    return plan_placement(
+        call.config,
+        adapter_type=None,
+        workspace_settings=None,
+        execution_workspace_id=None,
+        agent_id=None,
+    )
+
+
+async def provision_sandbox(
+    client: CreateOSClient, call: BoundCall, journal: LeaseJournal, placement: Placement
+) -> tuple[str, str]:
+    """Create a sandbox, bring it to ``running`` and prepare the workspace and marker.
+
+    Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
+    (under a fresh, shielded deadline) before the error propagates. The create's name token is
+    journaled until the outcome is settled, so a worker crash in between cannot leak it. When
+    the outcome stays open (a create that may still land after its lookup found nothing, or a
+    cleanup that failed), the token is handed to recovery, which keeps looking for the sandbox
+    on later calls with this origin and key (:meth:`LeaseJournal.abandon_create`).
+    """
+    token = name_token(scope_tag(call.company_id, call.environment_id, call.config.api_url))
+    key_hash = call.scope("").key_hash
+    await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
+    unresolved = False
+
+    def mark_unresolved() -> None:
+        nonlocal unresolved
+        unresolved = True
+
+    try:
+        return await _provision(client, call, placement, token, mark_unresolved)
+    except CleanupUnconfirmed:
+        unresolved = True
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):
+            settle = journal.abandon_create if unresolved else journal.remove_create
+            await anyio.to_thread.run_sync(settle, token)
+
+
+async def _provision(
+    client: CreateOSClient,
+    call: BoundCall,
+    placement: Placement,
+    token: str,
+    mark_unresolved: Callable[[], None],
+) -> tuple[str, str]:
+    sandbox_id, status = await create_sandbox(
+        client, call, placement, token, on_unresolved=mark_unresolved
+    )
+    try:
+        if status != "running":  # a create that answered running needs no read to confirm it
+            await transition(client, sandbox_id, "running")
+        # One request prepares the workspace and writes the marker (36 bytes, no newline): the
+        # marker is a fresh UUID (hex and dashes only), so it needs no quoting.
+        marker = str(uuid.uuid4())
+        script = f"mkdir -p -- '{MARKER_DIR}' && printf '%s' '{marker}' > '{MARKER_PATH}'"
+        prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", script])
+        if prepared.exit_code != 0:
+            raise ProviderError(
+                f"Could not prepare {ROOT} in the sandbox (exit code {prepared.exit_code}); the "
+                "image must provide bash and coreutils."
+            )
+    except BaseException as exc:
+        await _delete_after_failure(client, sandbox_id, call, exc)
+        raise
+    return sandbox_id, marker
+
+
+async def create_sandbox(
+    client: CreateOSClient,
+    call: BoundCall,
+    placement: Placement,
+    token: str,
+    *,
+    on_unresolved: Callable[[], None] | None = None,
+) -> tuple[str, str | None]:
+    """POST the sandbox (its id and the status it answered); when the outcome is unknown, find
+    it by its name token and delete it.
+
+    ``on_unresolved`` is called when the lookup found nothing: the create may still land later
+    (a request that timed out on our side can still be served), so absence proves nothing yet.
+    """
+    config = call.config
+    try:
+        return await client.create_sandbox_status(
+            shape=config.shape,
+            name=token,
+            rootfs=placement.rootfs,
+            region=config.region,
+            **placement.create_fields(),
+        )
+    except APIStatusError as exc:
+        if isinstance(exc, RateLimited) or exc.status < 500:
+            raise  # a definite rejection: nothing was created
+        found = await _reap_by_name(client, token, call, exc)
+        if not found and on_unresolved is not None:
+            on_unresolved()
+        raise
+    except BaseException as exc:
+        # Transport failure, malformed answer, deadline or cancellation mid-call: unknown outcome.
+        found = await _reap_by_name(client, token, call, exc)
+        if not found and on_unresolved is not None:
+            on_unresolved()
+        raise
+
+
+async def _reap_by_name(
+    client: CreateOSClient, token: str, call: BoundCall, cause: BaseException
+) -> bool:
+    """After a create with an unknown outcome: delete any sandbox carrying our name token.
+
+    Answers whether one was found (and deleted); raises :class:`CleanupUnconfirmed` when the
+    lookup or the delete failed.
+    """
+    confirmed = found = False
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
+        try:
+            for view in await client.list_sandboxes():
+                if view.name == token:
+                    found = True
+                    await delete_sandbox_confirmed(client, view.id)
+            confirmed = True
+        except ProviderError:
+            pass
+    if not confirmed:
+        reason = str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
+        raise CleanupUnconfirmed(
+            f"Creating the sandbox failed ({reason}) and it may have been created anyway; "
+            f"checking for it failed too. Look for a sandbox named {token} in CreateOS."
+        ) from cause
+    return found
+
+
+async def _delete_after_failure(
+    client: CreateOSClient, sandbox_id: str, call: BoundCall, cause: BaseException
+) -> None:
+    deleted = False
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
+        try:
+            await delete_sandbox_confirmed(client, sandbox_id)
+            deleted = True
+        except ProviderError:
+            pass
+    if not deleted:
+        reason = str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
+        raise CleanupUnconfirmed(
+            f"Setting up sandbox {sandbox_id} failed ({reason}) and deleting it failed too: the "
+            f"sandbox may be left behind. Delete {sandbox_id} in CreateOS."
+        ) from cause
+
+
+def _cleanup_timeout(call: BoundCall) -> float:
+    return min(call.timeout, CLEANUP_DEADLINE_CAP)
