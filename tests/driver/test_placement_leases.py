@@ -94,7 +94,7 @@ async def test_a_malformed_grant_fails_acquire_before_any_request(
 
 async def test_resume_reapplies_the_stored_egress_before_resuming(harness: Harness) -> None:
     h = harness
-    config = {"reuseLease": True, "egressAllowlist": ["github.com"]}
+    config: dict[str, Any] = {"reuseLease": True, "egressAllowlist": ["github.com"]}
     lease = await acquire(h, settings=grants(["pypi.org"]), **config)
     await h.methods.release(h.lease_ref(lease, **config))
     async with api(h) as client:  # someone widened it meanwhile
@@ -115,7 +115,7 @@ async def test_rootfs_per_adapter_is_chosen_recorded_and_checked_on_resume(
 ) -> None:
     h = harness
     by_adapter = {"codex_local": "ubuntu:26.04"}
-    config = {"reuseLease": True, "rootfsByAdapter": by_adapter}
+    config: dict[str, Any] = {"reuseLease": True, "rootfsByAdapter": by_adapter}
     codex = await h.methods.acquire({**h.acquire_params(**config), "adapterType": "codex_local"})
     other = await h.methods.acquire({**h.acquire_params(**config), "adapterType": "claude_local"})
     await h.settle()
@@ -146,7 +146,7 @@ async def test_rootfs_per_adapter_is_chosen_recorded_and_checked_on_resume(
 
 async def test_a_disposable_lease_has_no_window_and_is_deleted(harness: Harness) -> None:
     h = harness
-    config = {"reuseLease": True, "autoPauseAfterSeconds": 600}
+    config: dict[str, Any] = {"reuseLease": True, "autoPauseAfterSeconds": 600}
     lease = await h.acquire(workspace=False, **config)
     assert lease["metadata"]["reuseLease"] is False
     assert lease["metadata"]["autoPauseAfterSeconds"] is None
@@ -159,7 +159,7 @@ async def test_a_warm_release_kills_every_live_tree_and_leaves_the_sandbox_runni
     harness: Harness,
 ) -> None:
     h = harness
-    config = {"reuseLease": True, "autoPauseAfterSeconds": 600}
+    config: dict[str, Any] = {"reuseLease": True, "autoPauseAfterSeconds": 600}
     lease = await h.acquire(**config)
     assert lease["metadata"]["autoPauseAfterSeconds"] == 600
     assert (await sandbox_view(h, lease))["auto_pause_after_seconds"] == 600
@@ -188,7 +188,7 @@ async def test_a_failed_kill_refuses_the_warm_release_and_destroy_still_deletes(
     harness: Harness,
 ) -> None:
     h = harness
-    config = {"reuseLease": True, "autoPauseAfterSeconds": 600}
+    config: dict[str, Any] = {"reuseLease": True, "autoPauseAfterSeconds": 600}
     lease = await h.acquire(**config)
     await h.methods.execute(
         {
