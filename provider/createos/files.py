@@ -38,27 +38,35 @@ class FileCalls(ClientCore):
         path: str,
         source: bytes | Path,
         *,
+        offset: int = 0,
+        length: int | None = None,
         on_progress: Callable[[int], None] | None = None,
     ) -> None:
         """``PUT .../files?path=``: upload bytes, or stream a file from disk in chunks.
 
-        The body is replayable, so the upload is retried like other idempotent calls.
-        ``on_progress(n)`` reports the bytes sent so far in the current attempt.
+        ``offset`` and ``length`` select a byte range of the source (default: from ``offset``
+        to its end), streamed like a whole file, never read into memory: large sync archives
+        travel as several such parts. The body is replayable, so the upload is retried like
+        other idempotent calls. ``on_progress(n)`` reports the bytes sent so far in the current
+        attempt.
         """
         operation = "upload file"
         require_id(sandbox_id, "sandbox")
         url = _file_url(sandbox_id, path)
         if isinstance(source, Path):
-            size = (await anyio.Path(source).stat()).st_size
+            total = (await anyio.Path(source).stat()).st_size
         else:
-            size = len(source)
+            total = len(source)
+        size = total - offset if length is None else length
+        if offset < 0 or size < 0 or offset + size > total:
+            raise ValueError("the upload range lies outside the source")
         await self._call(
             "PUT",
             url,
             operation=operation,
             retry_on=IDEMPOTENT_RETRY,
             retry_transport=True,
-            upload=lambda: UploadBody(source, size, on_progress),
+            upload=lambda: UploadBody(source, size, on_progress, offset=offset),
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             limits=FILE_TIMEOUT,
         )

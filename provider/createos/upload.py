@@ -1,4 +1,4 @@
-"""The request body of a file upload: bytes or a file on disk, sent in chunks."""
+"""The request body of a file upload: bytes or a byte range of a file on disk, sent in chunks."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ UPLOAD_CHUNK: Final = 256 * 1024
 class UploadBody:
     """One attempt's request body for ``put_file``: chunks of bytes or of a file on disk.
 
-    A file is opened when httpx starts iterating and closed by :meth:`close` (or at the end),
-    so no whole-file read ever happens and a cancelled upload does not keep it open.
+    ``size`` bytes are sent starting at ``offset`` (a byte range of the source: a part of a
+    large archive is one range of its host file). A file is opened when httpx starts iterating,
+    positioned at ``offset`` and closed by :meth:`close` (or at the end), so no whole-file or
+    whole-range read ever happens and a cancelled upload does not keep it open.
     """
 
     def __init__(
@@ -25,9 +27,14 @@ class UploadBody:
         source: bytes | Path,
         size: int,
         on_progress: Callable[[int], None] | None,
+        *,
+        offset: int = 0,
     ) -> None:
+        if offset < 0 or size < 0:
+            raise ValueError("an upload range needs a non-negative offset and size")
         self._source = source
         self._size = size
+        self._offset = offset
         self._on_progress = on_progress
         self._handle: BinaryIO | None = None
         self._view = memoryview(b"" if isinstance(source, Path) else source)
@@ -35,14 +42,15 @@ class UploadBody:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         sent = 0
         if isinstance(self._source, Path):
-            self._handle = await anyio.to_thread.run_sync(self._source.open, "rb")
+            self._handle = await anyio.to_thread.run_sync(self._open, self._source)
         try:
             while sent < self._size:
                 want = min(UPLOAD_CHUNK, self._size - sent)
                 if self._handle is not None:
                     chunk = await anyio.to_thread.run_sync(self._handle.read, want)
                 else:
-                    chunk = bytes(self._view[sent : sent + want])
+                    start = self._offset + sent
+                    chunk = bytes(self._view[start : start + want])
                 if not chunk:
                     raise CreateOSError(
                         "CreateOS upload file failed: the local file shrank during the upload."
@@ -53,6 +61,12 @@ class UploadBody:
                 yield chunk
         finally:
             self.close()
+
+    def _open(self, path: Path) -> BinaryIO:
+        handle = path.open("rb")
+        if self._offset:
+            handle.seek(self._offset)
+        return handle
 
     def close(self) -> None:
         """Close the file, if one is open (safe to call twice)."""

@@ -272,7 +272,7 @@ BAD_LINES = {
     "seq-fraction": data(1.5, b"a"),
     "seq-string": data("1", b"a"),
     "seq-too-big": data(2**53, b"a"),
-    "stream-pty": data(1, b"a", "pty"),
+    "stream-unknown": data(1, b"a", "tty"),  # pty frames are valid (terminal processes)
     "stream-missing": line({"type": "data", "seq": 1, "data_base64": "YQ=="}),
     "base64-unpadded": line({"type": "data", "seq": 1, "stream": "stdout", "data_base64": "YQ"}),
     "base64-newline": line({"type": "data", "seq": 1, "stream": "stdout", "data_base64": "YQ==\n"}),
