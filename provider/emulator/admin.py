@@ -17,7 +17,7 @@ from .core import EmulatorCore, Fault
 from .hostscan import scan_host
 from .http import Request, Response
 from .jsend import ApiError, bad_request, fail, not_found, ok
-from .sandboxes import LIVE
+from .sandbox_spec import LIVE
 
 FORCEABLE = (
     "creating",
@@ -223,9 +223,9 @@ class Admin:
         sandbox = self.core.sandboxes.get(sandbox_id)
         if sandbox is None:
             raise not_found("sandbox")
-        if not sandbox.armed:
+        if not sandbox.idle.armed:
             raise ApiError(409, {"state": "sandbox has no auto_pause_after_seconds set"})
-        if not await sandbox.idle_pause_now():
+        if not await sandbox.idle.pause_now():
             raise ApiError(409, {"state": f"sandbox is {sandbox.status}, not running"})
         return ok(sandbox.view(), 202)
 

@@ -20,7 +20,9 @@ from .guest import Guest
 from .ids import key_hash
 from .images import ImageCatalog
 from .processes import ManagedProcess
-from .sandboxes import Sandbox, SandboxSpec, egress_restricts, guarded
+from .sandbox_guest import guarded
+from .sandbox_spec import SandboxSpec, egress_restricts
+from .sandboxes import Sandbox
 from .settings import Settings
 
 log = logging.getLogger("provider.emulator")
@@ -179,9 +181,9 @@ class EmulatorCore:
         return answered
 
     async def _reclaim(self, sandbox: Sandbox) -> None:
-        await sandbox.wait_fs_free()  # a fork copying from or into it finishes first
+        await sandbox.files.wait_free()  # a fork copying from or into it finishes first
         with contextlib.suppress(OSError):
-            await anyio.to_thread.run_sync(sandbox.remove_state)
+            await anyio.to_thread.run_sync(sandbox.files.remove)
         await anyio.sleep(self.settings.delete_delay_ms / 1000)
         sandbox.finish_destroy()
         await anyio.sleep(self.settings.destroyed_retention_ms / 1000)
@@ -224,9 +226,9 @@ class EmulatorCore:
             for sandbox in sandboxes:
                 await sandbox.kill_guest()
             for sandbox in sandboxes:
-                await sandbox.wait_fs_free()
+                await sandbox.files.wait_free()
                 with contextlib.suppress(OSError):
-                    await anyio.to_thread.run_sync(sandbox.remove_state)
+                    await anyio.to_thread.run_sync(sandbox.files.remove)
             self.sandboxes.clear()
             self.processes.clear()
 

@@ -17,8 +17,8 @@ from .guest import ExitInfo, GuestGone, GuestOpError
 from .http import FileBody, Response
 from .jsend import ApiError, bad_request, conflict, ok
 from .processes import run_exec
+from .route_inputs import json_body, require_running, sandbox_of
 from .router import Ctx, Route, route
-from .routes_sandboxes import json_body, require_running, sandbox_of
 from .sandboxes import Sandbox
 
 EXEC_OUTPUT_CAP = 64 << 20

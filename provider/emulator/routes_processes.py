@@ -14,9 +14,9 @@ from .http import Response
 from .journal import follow
 from .jsend import ApiError, bad_request, conflict, fail, not_found, ok
 from .processes import MAX_INPUT, MAX_QUEUED_INPUT, SIGNALS, ManagedProcess
+from .route_inputs import json_body, require_running, sandbox_of
 from .router import Ctx, Route, route
 from .routes_exec import HOME, call_env, command_fields
-from .routes_sandboxes import json_body, require_running, sandbox_of
 from .sandboxes import Sandbox
 
 DEFAULT_CMD = "/bin/bash"

@@ -1,167 +1,36 @@
 """Catalog, whoami and sandbox routes: create, get, list, delete, pause, resume, patch,
-egress and fork."""
+egress and fork.
+
+Request bodies are read and checked by ``route_inputs.py``; the handlers here apply them to the
+core and the sandboxes (create and fork boot the guest, fork copies the trees in the background).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-from typing import Any
 
 import anyio
 
-from ..egress_rules import ACCEPTED_FORMS, RuleError, normalize_rule
 from . import catalog
 from .http import Response
 from .ids import random_name
 from .images import ImageError
-from .jsend import ApiError, bad_request, conflict, error, fail, not_found, ok
+from .jsend import ApiError, bad_request, conflict, error, ok
+from .route_inputs import (
+    bool_field,
+    build_spec,
+    json_body,
+    refuse_bandwidth_quota,
+    sandbox_of,
+    validate_auto_pause,
+    validate_egress,
+    validate_envs,
+)
 from .router import Ctx, Route, route
-from .sandboxes import LIVE, Sandbox, SandboxSpec
+from .sandbox_spec import SandboxSpec
+from .sandboxes import Sandbox
 
 log = logging.getLogger("provider.emulator")
-
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-MAX_AUTO_PAUSE = 86_400
-MAX_BODY = 1 << 20
-
-
-async def json_body(ctx: Ctx, *, required: bool = True) -> dict[str, Any]:
-    """The request's JSON object (an empty body is ``{}`` unless ``required``)."""
-    raw = await ctx.req.read_body(MAX_BODY)
-    if raw is None:
-        raise ApiError(413, {"body": "request body too large"})
-    if not raw.strip():
-        if required:
-            raise bad_request("body", "a JSON object is required")
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise bad_request("body", "body is not valid JSON") from exc
-    if not isinstance(value, dict):
-        raise bad_request("body", "body must be a JSON object")
-    return value
-
-
-def sandbox_of(ctx: Ctx) -> Sandbox:
-    sandbox = ctx.core.find(ctx.owner, ctx.match["sid"])
-    if sandbox is None:
-        raise not_found("sandbox")
-    return sandbox
-
-
-def require_running(sandbox: Sandbox) -> None:
-    if sandbox.status != "running":
-        raise conflict(f"sandbox is {sandbox.status}, not running")
-
-
-def validate_envs(raw: Any) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise bad_request("envs", "envs must be an object")
-    if len(raw) > 64:
-        raise bad_request("envs", "at most 64 entries")
-    total = 0
-    for key, value in raw.items():
-        if not ENV_KEY.match(key):
-            raise bad_request("envs", f"invalid key {key!r}")
-        if not isinstance(value, str):
-            raise bad_request("envs", f"value of {key} must be a string")
-        if len(value.encode()) > 4096:
-            raise bad_request("envs", f"value of {key} exceeds 4 KiB")
-        total += len(value.encode())
-    if total > 64 * 1024:
-        raise bad_request("envs", "values exceed 64 KiB in total")
-    return dict(raw)
-
-
-def validate_egress(raw: Any, field: str = "egress") -> list[str] | None:
-    """The normalized rule list (grammar of provider/egress_rules.py), ``None`` for null. A bad
-    rule is a 400 naming its position (``egress[2]``) and the reason, never the entry itself."""
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise bad_request(field, "egress must be a list of rules or null")
-    rules = []
-    for index, entry in enumerate(raw):
-        try:
-            rules.append(normalize_rule(entry))
-        except RuleError as exc:
-            where = f"{field}[{index}]"
-            reason = f"{where} is not a valid rule: {exc.reason}; {ACCEPTED_FORMS}"
-            raise bad_request(where, reason) from None
-    return rules
-
-
-def validate_auto_pause(ctx: Ctx, raw: Any) -> int:
-    floor = ctx.core.settings.min_auto_pause_seconds
-    if not isinstance(raw, int) or isinstance(raw, bool) or not floor <= raw <= MAX_AUTO_PAUSE:
-        raise bad_request(
-            "auto_pause_after_seconds", f"must be an integer from {floor} to {MAX_AUTO_PAUSE}"
-        )
-    return raw
-
-
-def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise bad_request(name, "must be a boolean")
-    return value
-
-
-def _no_bandwidth_quota(body: dict[str, Any]) -> None:
-    if body.get("bandwidth_quota_bytes") not in (None, 0):
-        raise bad_request("bandwidth_quota_bytes", "bandwidth quotas are not supported")
-
-
-def build_spec(ctx: Ctx, body: dict[str, Any]) -> SandboxSpec:
-    settings = ctx.core.settings
-    shape_id = body.get("shape")
-    if not isinstance(shape_id, str) or not shape_id:
-        raise bad_request("shape", "shape is required")
-    shape = catalog.shape(shape_id)
-    if shape is None:
-        if not settings.accept_any_shape:
-            raise bad_request("shape", f"unknown shape: {shape_id}")
-        shape = {"vcpu": 1, "mem_mib": 1024}
-    rootfs = body.get("rootfs", catalog.DEFAULT_ROOTFS)
-    if rootfs is None:
-        rootfs = catalog.DEFAULT_ROOTFS
-    image = ctx.core.images.get(rootfs) if isinstance(rootfs, str) else None
-    if image is None:
-        raise bad_request("rootfs", f"unknown rootfs: {rootfs}")
-    region = body.get("region", settings.region)
-    if region != settings.region:
-        raise bad_request("region", f"this server serves region {settings.region}")
-    name = body.get("name")
-    if name is None:
-        name = random_name()
-    elif not isinstance(name, str) or not NAME.match(name):
-        raise bad_request("name", "name must be a lowercase hostname label")
-    if any(sb.spec.name == name and sb.live for sb in ctx.core.owned(ctx.owner)):
-        raise ApiError(409, {"name": f"a live sandbox is already named {name}"})
-    disk = body.get("disk_mib", 0)
-    if not isinstance(disk, int) or isinstance(disk, bool) or disk < 0:
-        raise bad_request("disk_mib", "must be a non-negative integer")
-    _no_bandwidth_quota(body)
-    auto = body.get("auto_pause_after_seconds")
-    return SandboxSpec(
-        shape=shape_id,
-        vcpu=int(shape["vcpu"]),
-        mem_mib=int(shape["mem_mib"]),
-        rootfs=rootfs,
-        region=settings.region,
-        name=name,
-        disk_mib=disk or catalog.DEFAULT_DISK_MIB,
-        egress=validate_egress(body.get("egress")),
-        envs=validate_envs(body.get("envs")),
-        auto_pause_after_seconds=None if auto is None else validate_auto_pause(ctx, auto),
-        ingress_enabled=_bool(body, "ingress_enabled"),
-        image_root=image.root,
-    )
 
 
 # -- catalog ------------------------------------------------------------------------------
@@ -279,11 +148,11 @@ async def patch(ctx: Ctx) -> Response:
     body = await json_body(ctx)
     if not sandbox.live:
         raise conflict(f"sandbox is {sandbox.status}")
-    ingress = _bool(body, "ingress_enabled", sandbox.spec.ingress_enabled)
+    ingress = bool_field(body, "ingress_enabled", sandbox.spec.ingress_enabled)
     auto = sandbox.spec.auto_pause_after_seconds
     if "auto_pause_after_seconds" in body:
         auto = validate_auto_pause(ctx, body["auto_pause_after_seconds"])
-    if _bool(body, "disable_auto_pause"):
+    if bool_field(body, "disable_auto_pause"):
         auto = None
     sandbox.spec.ingress_enabled = ingress
     sandbox.spec.auto_pause_after_seconds = auto
@@ -319,10 +188,10 @@ async def fork(ctx: Ctx) -> Response:
     busy = core.settings.fork_busy_ms / 1000
     if source.status == "pausing" or anyio.current_time() - source.paused_mono < busy:
         raise conflict("snapshot bundle is not durable yet, retry shortly")
-    _no_bandwidth_quota(body)
+    refuse_bandwidth_quota(body)
     if core.settings.no_credit:
         raise ApiError(402, {"credit": "insufficient credit"})
-    start_paused = _bool(body, "start_paused")
+    start_paused = bool_field(body, "start_paused")
     egress = validate_egress(body.get("egress"))
     if not egress:  # omitted, null or []: the source's list (and so, often, its network mode)
         egress = None if source.spec.egress is None else list(source.spec.egress)
@@ -339,14 +208,14 @@ async def fork(ctx: Ctx) -> Response:
         egress=egress,
         envs=envs,
         auto_pause_after_seconds=source.spec.auto_pause_after_seconds,
-        ingress_enabled=_bool(body, "ingress_enabled", source.spec.ingress_enabled),
+        ingress_enabled=bool_field(body, "ingress_enabled", source.spec.ingress_enabled),
         image_root=source.spec.image_root,
     )
     child = core.new_sandbox(spec, ctx.owner, forked_from=source.id)
     child.status = "forking"
     # Held from now on: deleting either side, or resuming the source, waits for the copy.
-    source.hold_fs()
-    child.hold_fs()
+    source.files.hold()
+    child.files.hold()
     core.start_soon(lambda: _fork_later(ctx, source, child, start_paused))
     return ok(child.create_view())
 
@@ -354,10 +223,10 @@ async def fork(ctx: Ctx) -> Response:
 async def _fork_later(ctx: Ctx, source: Sandbox, child: Sandbox, start_paused: bool) -> None:
     try:
         try:
-            await anyio.to_thread.run_sync(source.copy_fs_to, child)
+            await anyio.to_thread.run_sync(source.files.copy_to, child.files)
         finally:
-            source.release_fs()
-            child.release_fs()
+            source.files.release()
+            child.files.release()
         if child.status != "forking" or child.closed:  # deleted or reset meanwhile
             return
         await ctx.core.boot(child)
@@ -392,5 +261,3 @@ ROUTES: list[Route] = [
     route("GET", "/v1/sandboxes/{sid}/egress", get_egress),
     route("PUT", "/v1/sandboxes/{sid}/egress", put_egress),
 ]
-
-__all__ = ["LIVE", "ROUTES", "fail", "json_body", "require_running", "sandbox_of"]
