@@ -121,6 +121,8 @@ async def _live_session(
         }
         if live_settings.rootfs:
             config["rootfs"] = live_settings.rootfs
+        if live_settings.egress_allowlist:
+            config["egressAllowlist"] = list(live_settings.egress_allowlist)
         host = await stack.enter_async_context(
             open_worker_host(choice, log_dir=tmp_path, report=report, on_notification=routes)
         )

@@ -26,6 +26,7 @@ ROUTE_WAIT_S: Final = 60.0
 CALL_BUDGET_MS: Final = TIMEOUT_MS + 30_000
 COMMAND_TIMEOUT_MS: Final = 120_000
 CLEANUP_BUDGET_S: Final = CALL_BUDGET_MS / 1000 + 10
+STATUS_WAIT_S: Final = 30.0
 
 
 class CleanupFailed(AssertionError):
@@ -201,14 +202,42 @@ class LiveSession:
             },
         )
 
-    async def sandbox_status(self, sandbox_id: str) -> str | None:
-        """The emulator's own view of a sandbox (None on a real endpoint, or when gone)."""
+    async def sandbox_view(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The emulator's own view of a live sandbox (``status``, ``network``, ...): ``{}`` when
+        it is gone, None on a real endpoint. Admin reads are not sandbox activity."""
         if self.emulator is None:
             return None
         for sandbox in (await self.emulator.admin.state())["sandboxes"]:
             if sandbox["id"] == sandbox_id:
-                return str(sandbox["status"])
-        return "gone"
+                return dict(sandbox)
+        return {}
+
+    async def sandbox_status(self, sandbox_id: str) -> str | None:
+        """The emulator's status of a sandbox (``gone`` when gone; None on a real endpoint)."""
+        view = await self.sandbox_view(sandbox_id)
+        return None if view is None else str(view.get("status", "gone"))
+
+    async def wait_for_status(self, sandbox_id: str, wanted: str) -> None:
+        """On the emulator, until the sandbox reports ``wanted`` (nothing on a real endpoint)."""
+        status: str | None = None
+        with anyio.move_on_after(STATUS_WAIT_S):
+            while True:  # polled: the emulator has no status feed
+                status = await self.sandbox_status(sandbox_id)
+                if status in (None, wanted):
+                    return
+                await anyio.sleep(0.05)
+        raise AssertionError(f"sandbox {sandbox_id} stayed {status}, not {wanted}")
+
+    async def tree_alive_processes(self, sandbox_id: str) -> list[str]:
+        """On the emulator, the process ids of the sandbox whose tree still runs."""
+        if self.emulator is None:
+            return []
+        state = await self.emulator.admin.state()
+        return [
+            str(p["process_id"])
+            for p in state["processes"]
+            if p["sandbox_id"] == sandbox_id and p["tree_alive"]
+        ]
 
     @asynccontextmanager
     async def reusable_lease(self) -> AsyncIterator[dict[str, Any]]:

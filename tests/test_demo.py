@@ -1,28 +1,35 @@
 """The demo end to end, as an operator runs it: ``python -m provider.devtools.demo``.
 
-Each test runs the demo as its own process and reads its transcript. The worker paces its
-requests with the real 300 ms, so a full walk takes about 17 s.
+Each test runs the demo as its own process and reads its transcript (the last one drives the
+walk's cleanup with a stand-in host). The worker paces its requests with the real 300 ms, so a
+full walk takes about 10 s.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from provider.devtools.demo import DemoOptions
 from provider.devtools.demo_hosts import node_available
+from provider.devtools.demo_transcript import Transcript
+from provider.devtools.demo_walkthrough import Walkthrough
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO = [sys.executable, "-m", "provider.devtools.demo"]
 RUN_TIMEOUT_S = 300
-STEPS = 14  # endpoint, worker, validate, probe, acquire ... destroy, stop
+STEPS = 15  # endpoint, worker, validate, probe, acquire ... egress, destroy, stop
 
 
 def demo_env(**extra: str) -> dict[str, str]:
@@ -66,11 +73,32 @@ def assert_full_walk(out: str, *, api_view: bool = True) -> None:
         "stdout | node_modules: excluded",
         "exit code     0 (timedOut False)",
         "| notes: first build from the Paperclip demo",
+        "[10] Release with reuse: kept warm, paused when idle",
         '"state": "stopped"}',
-        *(["API status    paused"] if api_view else []),
+        *(
+            [
+                "API status    running",
+                "idle pause    CreateOS pauses it after 600 s idle: the emulator fires it now",
+                "API status    paused",
+            ]
+            if api_view
+            else ["idle pause    CreateOS pauses it after 600 s without activity"]
+        ),
+        "[11] Resume the same sandbox",
         "resumedLease  True",
         *(["API status    running"] if api_view else []),
         "stdout | report survived: build report: demo-project",
+        "[13] Egress allowlist: a restricted lease cannot reach this machine",
+        *(["stdout | connected: hello from the host"] if api_view else []),
+        'egress        ["example.com"]',
+        "reuseLease    False",
+        *(["API status    running, network loopback-only"] if api_view else []),
+        "stderr | bash: connect: Connection refused",
+        "exit code     1 (timedOut False)",
+        "listener      no connection arrived from the restricted lease",
+        '"state": "destroyed"}',
+        *(["API status    gone"] if api_view else []),
+        "[14] Destroy the lease",
         '"state": "destroyed"}',
         "processes     none left running",
         "Summary: every step passed",
@@ -132,8 +160,9 @@ async def test_demo_on_a_given_endpoint_with_the_python_host_never_prints_the_ke
 async def test_a_step_failing_after_acquire_still_destroys_the_lease() -> None:
     await anyio.to_thread.run_sync(require_bwrap)
     async with Emulator(api_keys=["demo-key"]) as emulator:
-        # Only the resume step posts /resume: it fails after the lease was paused.
-        await emulator.admin.add_fault("POST", r"/resume$", status=400, times=20)
+        # Only the resume step sets a sandbox's egress (PUT .../egress, before it runs again):
+        # it fails after the warm release, with the lease kept.
+        await emulator.admin.add_fault("PUT", r"/egress$", status=400, times=20)
         result = await anyio.run_process(
             [*DEMO, "--api-url", emulator.base_url, "--host", "python"],
             cwd=REPO_ROOT,
@@ -175,3 +204,49 @@ def test_demo_refuses_a_given_endpoint_without_a_key() -> None:
     assert result.returncode == 2
     assert "set CREATEOS_API_KEY or pass --api-key-file" in result.stderr
     assert result.stdout == ""
+
+
+class RecordingHost:
+    """A stand-in host: answers every destroy as confirmed and keeps the calls."""
+
+    name = "recording host"
+    supported_methods: list[str] = []
+    start_ms = 0.0
+    worker_pids: list[int] = []
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        timeout_ms: int = 30_000,
+        on_log: Any = None,
+    ) -> Any:
+        self.calls.append((method, dict(params)))
+        return {"providerLeaseId": params["providerLeaseId"], "state": "destroyed"}
+
+
+@pytest.mark.anyio
+async def test_cleanup_destroys_the_egress_lease_and_the_reusable_one(tmp_path: Path) -> None:
+    host = RecordingHost()
+    options = DemoOptions(
+        "https://api.example", "k3y-never-shown", "s-1vcpu-1gb", None, "python", False
+    )
+    walk = Walkthrough(
+        host, Transcript(io.StringIO()), None, tmp_path, "https://api.example", options
+    )
+    walk.lease = {"providerLeaseId": "sb_reusable", "metadata": {"reuseLease": True}}
+    restricted = {**walk.config, "egressAllowlist": ["example.com"]}
+    walk.egress_lease = ({"providerLeaseId": "sb_restricted", "metadata": {}}, restricted)
+    await walk.cleanup()
+    assert [(m, p["providerLeaseId"]) for m, p in host.calls] == [
+        ("environmentDestroyLease", "sb_restricted"),
+        ("environmentDestroyLease", "sb_reusable"),
+    ]
+    # each with the config it was acquired under
+    assert host.calls[0][1]["config"]["egressAllowlist"] == ["example.com"]
+    assert "egressAllowlist" not in host.calls[1][1]["config"]
+    assert walk.cleanup_ok and walk.destroyed and walk.egress_lease is None

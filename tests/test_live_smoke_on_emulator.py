@@ -1,9 +1,11 @@
 """CI runs the live smoke tests (``live_tests/``, outside ``testpaths``) against the emulator.
 
 ``pytest live_tests`` runs in a subprocess with ``CREATEOS_LIVE_TEST=emulator`` and must pass
-with more than zero tests; without the variable every live test is skipped; a request for a
-real account without its variables is refused. The lease helper's cleanup is checked directly:
-a destroy that fails fails the test that used it.
+with more than zero tests, the warm-release, egress and overlapping-sync tests among them; the
+egress test runs once more with ``CREATEOS_EGRESS_ALLOWLIST`` set (a restrictive list: the
+sandbox is loopback only); without the variable every live test is skipped; a request for a
+real account without its variables is refused. ``CREATEOS_EGRESS_ALLOWLIST`` parsing and the
+lease helper's cleanup are checked directly: a destroy that fails fails the test that used it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from live_tests.session import CleanupFailed, LiveSession
+from live_tests.settings import LiveSettingsError, load_settings
 from provider.devtools.demo_hosts import open_worker_host
 from provider.emulator import Emulator
 
@@ -27,9 +30,11 @@ RUN_TIMEOUT_S = 600
 LIVE_TEST_FILES = ("test_smoke", "test_interactive")
 
 
-def run_live_tests(tmp_path: Path, **env: str) -> tuple[int, dict[str, int], str]:
-    """``pytest live_tests`` in a subprocess; returns its code, junit counts and output (the
-    junit report stays at ``tmp_path / "live.xml"``)."""
+def run_live_tests(
+    tmp_path: Path, *pytest_args: str, **env: str
+) -> tuple[int, dict[str, int], str]:
+    """``pytest live_tests [pytest_args]`` in a subprocess; returns its code, junit counts and
+    output (the junit report stays at ``tmp_path / "live.xml"``)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CREATEOS_")}
     junit = tmp_path / "live.xml"
     result = subprocess.run(
@@ -42,6 +47,7 @@ def run_live_tests(tmp_path: Path, **env: str) -> tuple[int, dict[str, int], str
             "no:cacheprovider",
             f"--junitxml={junit}",
             "-q",
+            *pytest_args,
         ],
         cwd=REPO_ROOT,
         env={**clean, **env},
@@ -78,7 +84,46 @@ def test_live_smoke_passes_against_the_emulator(tmp_path: Path) -> None:
     assert {
         "test_interactive.test_duplex_channel_echoes_bytes_then_stops_and_closes",
         "test_interactive.test_login_pty_is_a_120x30_terminal",
+        "test_smoke.test_the_egress_allowlist_is_the_sandboxs",
+        "test_smoke.test_a_warm_release_resumes_the_same_sandbox_with_its_files",
+        "test_smoke.test_a_sync_in_and_a_sync_out_overlap_on_one_lease",
     } <= passed, sorted(passed)
+
+
+def test_live_smoke_with_an_egress_allowlist_on_the_emulator(tmp_path: Path) -> None:
+    code, counts, output = run_live_tests(
+        tmp_path,
+        "-k",
+        "egress_allowlist or config_validates",
+        CREATEOS_LIVE_TEST="emulator",
+        CREATEOS_EGRESS_ALLOWLIST=" Example.COM, ,10.0.0.0/8 ",
+    )
+    assert code == 0, output
+    assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, output
+    assert passed_cases(tmp_path / "live.xml") == {
+        "test_smoke.test_config_validates_without_touching_the_network",
+        "test_smoke.test_the_egress_allowlist_is_the_sandboxs",
+    }, output
+
+
+def test_the_egress_allowlist_variable_is_normalized_and_refused_by_position() -> None:
+    base = {"CREATEOS_LIVE_TEST": "emulator"}
+    assert load_settings(base).egress_allowlist == ()
+    spaced = {**base, "CREATEOS_EGRESS_ALLOWLIST": " Example.COM, ,10.0.0.0/8,example.com,"}
+    assert load_settings(spaced).egress_allowlist == ("example.com", "10.0.0.0/8")
+    real = {
+        "CREATEOS_LIVE_TEST": "1",
+        "CREATEOS_API_URL": "https://api.example",
+        "CREATEOS_API_KEY": "k",
+        "CREATEOS_SHAPE": "s-1vcpu-1gb",
+        "CREATEOS_EGRESS_ALLOWLIST": "*",
+    }
+    assert load_settings(real).egress_allowlist == ("*",)
+    bad = {**base, "CREATEOS_EGRESS_ALLOWLIST": "github.com,sk-pasted-secret value"}
+    with pytest.raises(LiveSettingsError) as caught:
+        load_settings(bad)
+    assert "CREATEOS_EGRESS_ALLOWLIST entry 2 is not an egress rule" in str(caught.value)
+    assert "sk-pasted-secret" not in str(caught.value)
 
 
 def test_live_smoke_is_skipped_unless_asked_for(tmp_path: Path) -> None:

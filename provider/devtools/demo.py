@@ -3,10 +3,12 @@
 Starts the embedded CreateOS emulator (or uses ``--api-url`` with a real key), starts our worker
 under the real Paperclip worker manager (the Python stdio host when Node is missing), then walks
 one reusable lease through validate, probe, acquire, realize, sync in, a build whose output
-streams live, sync out, release (pause), resume, a second command, destroy, and a clean worker
-stop. Prints a transcript with per-step timings and a summary; exits 1 when any step fails and
-always destroys the lease it acquired. The key comes from ``CREATEOS_API_KEY`` or
-``--api-key-file`` and is never printed.
+streams live, sync out, a warm release (the sandbox stays running until CreateOS pauses it when
+idle: the emulator's idle timer is fired, a given endpoint's is not waited for), resume, a
+second command, an egress-restricted disposable lease refused a connection to this machine's
+loopback, destroy, and a clean worker stop. Prints a transcript with per-step timings and a
+summary; exits 1 when any step fails and always destroys the leases it acquired. The key comes
+from ``CREATEOS_API_KEY`` or ``--api-key-file`` and is never printed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 """The demo's walk through the environment verbs, one transcript step per host call.
 
-``Walkthrough.run`` takes one reusable lease from validation to destroy; every answer is checked
-and a wrong one raises :class:`DemoFailure`. ``cleanup`` (always called) destroys the lease when
-the walk stopped before doing so.
+``Walkthrough.run`` takes one reusable lease from validation to destroy: its release is *warm*
+(processes stopped, the sandbox left running until CreateOS pauses it when idle; on the emulator
+the demo fires that idle timer, on a given endpoint it does not wait for it), and its resume
+finds the same sandbox. A second, disposable lease with a restrictive ``egressAllowlist`` shows
+a connection to a listener on this machine's loopback refused. Every answer is checked and a
+wrong one raises :class:`DemoFailure`. ``cleanup`` (always called) destroys every lease the walk
+acquired and did not destroy.
 """
 
 from __future__ import annotations
@@ -14,6 +18,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
+from provider.devtools.demo_egress import (
+    GREETING,
+    RESTRICTED_EGRESS,
+    connect_script,
+    loopback_listener,
+)
 from provider.devtools.demo_hosts import HostReport, WorkerHost
 from provider.devtools.demo_project import (
     CHECK_SCRIPT,
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
 TIMEOUT_MS: Final = 300_000
 CALL_SLACK_MS: Final = 30_000
 COMMAND_TIMEOUT_MS: Final = 120_000
+IDLE_PAUSE_WAIT_S: Final = 30.0
+WORKSPACE_ROOT: Final = "/paperclip-workspace"
 PROBE_TIMEOUT_MS: Final = 120_000
 COMPANY_ID: Final = "demo-company"
 ENVIRONMENT_ID: Final = "demo-environment"
@@ -73,31 +85,40 @@ class Walkthrough:
             self.config["rootfs"] = options.rootfs
         self.lease: dict[str, Any] | None = None
         self.destroyed = False
+        # The egress step's disposable lease (its own config) while it is not destroyed.
+        self.egress_lease: tuple[dict[str, Any], dict[str, Any]] | None = None
         self.cleanup_ok = True
         self.live_chunks: dict[str, int] = {"stdout": 0, "stderr": 0}
         self.synced: tuple[int, int] = (0, 0)
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def common(self) -> dict[str, Any]:
+    def common(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
             "driverKey": "createos",
             "companyId": COMPANY_ID,
             "environmentId": ENVIRONMENT_ID,
-            "config": dict(self.config),
+            "config": dict(self.config if config is None else config),
         }
 
-    def lease_ref(self) -> dict[str, Any]:
-        assert self.lease is not None
+    def lease_ref(
+        self, lease: dict[str, Any] | None = None, config: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Release, resume and destroy params of ``lease`` (default: the reusable one)."""
+        lease = self.lease if lease is None else lease
+        assert lease is not None
         return {
-            **self.common(),
-            "providerLeaseId": self.lease["providerLeaseId"],
-            "leaseMetadata": self.lease["metadata"],
+            **self.common(config),
+            "providerLeaseId": lease["providerLeaseId"],
+            "leaseMetadata": lease["metadata"],
         }
 
-    def with_lease(self) -> dict[str, Any]:
-        assert self.lease is not None
-        return {**self.common(), "lease": {**self.lease, "expiresAt": None}}
+    def with_lease(
+        self, lease: dict[str, Any] | None = None, config: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        lease = self.lease if lease is None else lease
+        assert lease is not None
+        return {**self.common(config), "lease": {**lease, "expiresAt": None}}
 
     async def call(self, method: str, params: dict[str, Any], timeout_ms: int) -> Any:
         return await self.host.call(method, params, timeout_ms=timeout_ms)
@@ -105,19 +126,50 @@ class Walkthrough:
     async def lease_call(self, method: str, params: dict[str, Any]) -> Any:
         return await self.call(method, params, TIMEOUT_MS + CALL_SLACK_MS)
 
-    async def show_sandbox_status(self) -> None:
-        """On the emulator, what the API itself reports for the sandbox."""
-        if self.emulator is None or self.lease is None:
-            return
-        status = "gone"
+    async def api_view(self, lease: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """On the emulator, the API's own view of the lease's sandbox (``{}`` once it is gone);
+        None on a given endpoint, whose sandboxes the demo cannot look at from outside."""
+        lease = self.lease if lease is None else lease
+        if self.emulator is None or lease is None:
+            return None
         for sandbox in (await self.emulator.admin.state())["sandboxes"]:
-            if sandbox["id"] == self.lease["providerLeaseId"]:
-                status = str(sandbox["status"])
-        self.t.detail("API status", status)
+            if sandbox["id"] == lease["providerLeaseId"]:
+                return dict(sandbox)
+        return {}
 
-    async def execute(self, args: list[str], **extra: Any) -> dict[str, Any]:
+    async def show_sandbox_status(
+        self, lease: dict[str, Any] | None = None, *, network: bool = False
+    ) -> str | None:
+        """On the emulator, what the API itself reports for the sandbox (and its network)."""
+        view = await self.api_view(lease)
+        if view is None:
+            return None
+        status = str(view.get("status", "gone"))
+        suffix = f", network {view['network']}" if network and "network" in view else ""
+        self.t.detail("API status", status + suffix)
+        return status
+
+    async def wait_for_status(self, wanted: str) -> None:
+        """On the emulator, until the sandbox reports ``wanted`` (admin reads are not activity)."""
+        with anyio.move_on_after(IDLE_PAUSE_WAIT_S):
+            while True:
+                view = await self.api_view()
+                if view is None or view.get("status") == wanted:
+                    return
+                await anyio.sleep(0.05)
+        raise DemoFailure(f"the sandbox did not become {wanted} in {IDLE_PAUSE_WAIT_S:g} s")
+
+    async def execute(
+        self,
+        args: list[str],
+        *,
+        lease: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        must_succeed: bool = True,
+        **extra: Any,
+    ) -> dict[str, Any]:
         params = {
-            **self.with_lease(),
+            **self.with_lease(lease, config),
             "command": "bash",
             "args": args,
             "cwd": SANDBOX_PROJECT,
@@ -147,7 +199,10 @@ class Walkthrough:
             f"{counts['stdout']} stdout + {counts['stderr']} stderr"
             + (f", first after {first[0]:.2f} s" if first else ""),
         )
-        expect(result.get("exitCode") == 0 and result.get("timedOut") is False, "command failed")
+        if must_succeed:
+            expect(
+                result.get("exitCode") == 0 and result.get("timedOut") is False, "command failed"
+            )
         return result
 
     # -- the walk ----------------------------------------------------------------------------
@@ -260,11 +315,8 @@ class Walkthrough:
                 self.t.note(f"  | {line}")
             expect(REPORT_MARKER in text and RELEASE_NOTES in text, "the report is not the build's")
 
-        with self.t.step("Release with reuse: the sandbox is paused"):
-            receipt = await self.lease_call("environmentReleaseLease", self.lease_ref())
-            self.t.detail("receipt", json.dumps(receipt))
-            expect(receipt.get("state") == "stopped", "release did not pause the sandbox")
-            await self.show_sandbox_status()
+        with self.t.step("Release with reuse: kept warm, paused when idle"):
+            await self.release_warm()
 
         with self.t.step("Resume the same sandbox"):
             assert self.lease is not None
@@ -280,6 +332,9 @@ class Walkthrough:
             result = await self.execute(["-c", CHECK_SCRIPT])
             expect(f"report survived: {REPORT_MARKER}" in result["stdout"], "the report is gone")
 
+        with self.t.step("Egress allowlist: a restricted lease cannot reach this machine"):
+            await self.restricted_egress()
+
         with self.t.step("Destroy the lease"):
             receipt = await self.lease_call("environmentDestroyLease", self.lease_ref())
             self.t.detail("receipt", json.dumps(receipt))
@@ -287,24 +342,106 @@ class Walkthrough:
             self.destroyed = True
             await self.show_sandbox_status()
 
+    async def release_warm(self) -> None:
+        """Release a reusable lease: kept warm (running), then paused by CreateOS when idle."""
+        assert self.lease is not None
+        receipt = await self.lease_call("environmentReleaseLease", self.lease_ref())
+        self.t.detail("receipt", json.dumps(receipt))
+        expect(receipt.get("state") == "stopped", "release did not keep the sandbox")
+        status = await self.show_sandbox_status()
+        expect(status in (None, "running"), f"a warm release left the sandbox {status}")
+        if status is not None:
+            self.t.note("warm: its processes were stopped, the sandbox was left running")
+        window = self.lease["metadata"].get("autoPauseAfterSeconds")
+        if self.emulator is None:
+            self.t.detail(
+                "idle pause",
+                f"CreateOS pauses it after {window} s without activity "
+                "(not waited for here: resume takes it running or paused)",
+            )
+            return
+        self.t.detail(
+            "idle pause", f"CreateOS pauses it after {window} s idle: the emulator fires it now"
+        )
+        await self.emulator.admin.idle_pause(self.lease["providerLeaseId"])
+        await self.wait_for_status("paused")
+        await self.show_sandbox_status()
+
+    async def restricted_egress(self) -> None:
+        """A disposable lease with a restrictive ``egressAllowlist`` tries a listener on this
+        machine's 127.0.0.1 and is refused (on the emulator the reusable lease, which allows
+        all, reaches it first), then is destroyed."""
+        config = {**self.config, "egressAllowlist": list(RESTRICTED_EGRESS)}
+        async with loopback_listener() as listener:
+            script = connect_script(listener.port)
+            self.t.detail("listener", f"127.0.0.1:{listener.port} on this machine ({GREETING!r})")
+            if self.emulator is not None:
+                self.t.note("the reusable lease allows all egress (the host's network):")
+                self.t.note(f"$ {script}")
+                result = await self.execute(["-c", script])
+                expect(f"connected: {GREETING}" in result["stdout"], "the control did not connect")
+            else:
+                self.t.note("(a remote sandbox never reaches this machine's loopback anyway:")
+                self.t.note(" this shows the restricted lease's command refused, not why)")
+            lease = await self.lease_call(
+                "environmentAcquireLease",
+                # No execution workspace or agent: a disposable lease, deleted at release.
+                {**self.common(config), "runId": "demo-egress-run"},
+            )
+            self.egress_lease = (lease, config)
+            metadata = lease["metadata"]
+            self.t.detail("sandbox", lease["providerLeaseId"])
+            self.t.detail("egress", json.dumps(metadata.get("effectiveEgressAllowlist")))
+            self.t.detail("reuseLease", str(metadata.get("reuseLease")))
+            expect(
+                metadata.get("effectiveEgressAllowlist") == list(RESTRICTED_EGRESS),
+                "the lease does not carry the egress allowlist",
+            )
+            await self.show_sandbox_status(lease, network=True)
+            before = listener.connections
+            self.t.note(f"$ {script}")
+            result = await self.execute(
+                ["-c", script], lease=lease, config=config, cwd=WORKSPACE_ROOT, must_succeed=False
+            )
+            expect(result.get("exitCode") != 0, "the restricted lease's connection succeeded")
+            expect("connected:" not in result["stdout"], "the restricted lease got the greeting")
+            expect(listener.connections == before, "a connection reached the host's listener")
+            self.t.detail("listener", "no connection arrived from the restricted lease")
+        receipt = await self.lease_call("environmentDestroyLease", self.lease_ref(lease, config))
+        self.t.detail("receipt", json.dumps(receipt))
+        expect(receipt.get("state") == "destroyed", "destroy was not confirmed")
+        self.egress_lease = None
+        await self.show_sandbox_status(lease)
+
     async def cleanup(self) -> None:
-        """Destroy the lease if the walk stopped before its destroy step (shielded, bounded)."""
+        """Destroy every lease the walk stopped before destroying (shielded, bounded)."""
+        if self.egress_lease is not None:
+            lease, config = self.egress_lease
+            if await self._destroy_left(lease, config):
+                self.egress_lease = None
         if self.lease is None or self.destroyed or not self.lease.get("providerLeaseId"):
             return
-        lease_id = self.lease["providerLeaseId"]
+        self.destroyed = await self._destroy_left(self.lease, self.config)
+
+    async def _destroy_left(self, lease: dict[str, Any], config: dict[str, Any]) -> bool:
+        lease_id = lease["providerLeaseId"]
         self.t.note(f"cleanup: destroying sandbox {lease_id}")
+        destroyed = False
         with anyio.CancelScope(shield=True), anyio.move_on_after(TIMEOUT_MS / 1000 + 30):
             try:
-                receipt = await self.lease_call("environmentDestroyLease", self.lease_ref())
+                receipt = await self.lease_call(
+                    "environmentDestroyLease", self.lease_ref(lease, config)
+                )
             except Exception as exc:
                 self.t.note(f"WARNING: sandbox {lease_id} may be left behind: {exc}")
                 self.cleanup_ok = False
-                return
-            self.destroyed = receipt is not None and receipt.get("state") == "destroyed"
+                return False
+            destroyed = receipt is not None and receipt.get("state") == "destroyed"
             self.t.note(f"cleanup: {json.dumps(receipt)}")
-        if not self.destroyed:
+        if not destroyed:
             self.t.note(f"WARNING: sandbox {lease_id} may be left behind")
             self.cleanup_ok = False
+        return destroyed
 
     def facts(self, report: HostReport) -> list[tuple[str, str]]:
         lease_id = self.lease.get("providerLeaseId") if self.lease else None
@@ -312,9 +449,13 @@ class Walkthrough:
             sandbox = "none acquired"
         else:
             sandbox = f"{lease_id} ({'destroyed' if self.destroyed else 'NOT destroyed'})"
+        facts = [("host", self.host.name), ("sandbox", sandbox)]
+        if self.egress_lease is not None:
+            facts.append(
+                ("egress lease", f"{self.egress_lease[0]['providerLeaseId']} (NOT destroyed)")
+            )
         return [
-            ("host", self.host.name),
-            ("sandbox", sandbox),
+            *facts,
             ("synced in", f"{self.synced[0]} files, {self.synced[1]} bytes"),
             (
                 "live output",
