@@ -1,9 +1,12 @@
-"""Shell text sent into the sandbox: quoting, the execute wrapper, guarded sync commands.
+"""Shell text sent into the sandbox: quoting, the execute wrapper, the guard, sync placement.
 
 Every value that reaches bash goes through :func:`quote` (single quotes, ``'`` spelled ``'"'"'``),
 so arguments, environment values and paths arrive verbatim whatever they contain. NUL cannot be
-carried by an argv or a file name and is refused. The in-sandbox guard (spec 5.3) is an early,
-readable error; the host-side confinement in :func:`confine_sandbox_path` is the boundary.
+carried by an argv or a file name and is refused. The in-sandbox guard (spec 5.3,
+:func:`guard_snippet`) is an early, readable error; the host-side confinement in
+:func:`confine_sandbox_path` is the boundary. The inbound placement of a single scratch file
+(:func:`syncin_file_command`, :func:`syncin_dir_command`) is here too; everything that knows
+about byte-range parts, the outbound pack commands included, is :mod:`provider.driver.sync_parts`.
 """
 
 from __future__ import annotations
@@ -153,12 +156,9 @@ def _confine(path: object, root: str) -> str:
     return normalized
 
 
-def guard_snippet(path: str) -> str:
-    """Spec 5.3: root check, then ``resolved`` = realpath -m of ``path``, confined, else exit 1."""
-    return _guard(path, SANDBOX_ROOT)
-
-
-def _guard(path: str, root: str) -> str:
+def guard_snippet(path: str, root: str = SANDBOX_ROOT) -> str:
+    """Spec 5.3: root check, then ``resolved`` = realpath -m of ``path``, confined, else exit 1.
+    ``root`` is the workspace root; only the tests give another (a temporary tree)."""
     q_root = quote(root)
     return "\n".join(
         [
@@ -175,7 +175,8 @@ def _guard(path: str, root: str) -> str:
     )
 
 
-def _octal(mode: int) -> str:
+def octal_mode(mode: int) -> str:
+    """``mode`` as ``chmod`` takes it (``0755``); ValueError outside ``[0, 0o777]``."""
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
         raise ValueError("mode must be an integer in [0, 0o777]")
     return format(mode, "04o")
@@ -190,9 +191,9 @@ def _syncin_file(scratch: str, target: str, mode: int, root: str) -> str:
     q_scratch = quote(scratch)
     return "\n".join(
         [
-            _guard(target, root),
+            guard_snippet(target, root),
             'mkdir -p -- "$(dirname -- "$resolved")" || exit 1',
-            f"chmod {_octal(mode)} -- {q_scratch} || exit 1",
+            f"chmod {octal_mode(mode)} -- {q_scratch} || exit 1",
             f'mv -f -- {q_scratch} "$resolved" || exit 1',
         ]
     )
@@ -206,50 +207,9 @@ def syncin_dir_command(scratch: str, target: str, mode: int) -> str:
 def _syncin_dir(scratch: str, target: str, mode: int, root: str) -> str:
     return "\n".join(
         [
-            _guard(target, root),
+            guard_snippet(target, root),
             'mkdir -p -- "$resolved" || exit 1',
             f'tar -xf {quote(scratch)} -C "$resolved" || exit 1',
-            f'chmod {_octal(mode)} -- "$resolved" || exit 1',
-        ]
-    )
-
-
-def syncout_file_command(source: str, scratch: str) -> str:
-    """Spec 5.6 step 1 (file): guard; the source must be a regular file; copy it to scratch."""
-    return _syncout_file(source, scratch, SANDBOX_ROOT)
-
-
-def _syncout_file(source: str, scratch: str, root: str) -> str:
-    return "\n".join(
-        [
-            _guard(source, root),
-            'test -f "$resolved" || '
-            f"{{ echo {quote('paperclip: the sandbox path is not a regular file')} >&2; exit 1; }}",
-            f'cp -- "$resolved" {quote(scratch)} || exit 1',
-        ]
-    )
-
-
-def syncout_dir_command(
-    source: str, scratch: str, *, exclude: Sequence[str], follow_symlinks: bool
-) -> str:
-    """Spec 5.6 step 1 (directory): guard; must be a directory; ``tar [-h] [--exclude] -cf``."""
-    return _syncout_dir(source, scratch, exclude, follow_symlinks, SANDBOX_ROOT)
-
-
-def _syncout_dir(
-    source: str, scratch: str, exclude: Sequence[str], follow_symlinks: bool, root: str
-) -> str:
-    words = ["tar"]
-    if follow_symlinks:
-        words.append("-h")
-    words.extend(f"--exclude={quote(pattern)}" for pattern in exclude)
-    words.extend(["-cf", quote(scratch), "-C", '"$resolved"', "."])
-    return "\n".join(
-        [
-            _guard(source, root),
-            'test -d "$resolved" || '
-            f"{{ echo {quote('paperclip: the sandbox path is not a directory')} >&2; exit 1; }}",
-            " ".join(words) + " || exit 1",
+            f'chmod {octal_mode(mode)} -- "$resolved" || exit 1',
         ]
     )

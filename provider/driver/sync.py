@@ -1,31 +1,29 @@
 """environmentSyncIn / environmentSyncOut: move files between host paths and the workspace.
 
 Bytes never cross JSON-RPC and never go through process output: they are streamed through the
-files API between host temp files and sandbox scratch files, and a guarded control command
-(provider.driver.shell) moves them into place inside the sandbox. See provider-behavior.md 5.
+files API between host temp files and sandbox scratch files, and a guarded control command moves
+them into place inside the sandbox. See provider-behavior.md 5. This module orchestrates, per
+mapping, what to pack, send, place, fetch and clean up; the pieces are
+:mod:`provider.driver.sync_files` (the host side: temp folders, streamed ``PUT``s of byte ranges
+of a host file, ``GET``s appended to one host file, the atomic install),
+:mod:`provider.driver.sync_steps` (the one sandbox command of an inbound operation) and
+:mod:`provider.driver.sync_parts` (byte-range parts and the texts that place or pack them).
 
-Large trees and files: the files API takes at most about 500 MiB per file (413 above it), so the
-byte stream of a mapping (the tar archive of a directory, or a file) travels as byte-range parts
-of at most ``part_bytes`` (:data:`PART_BYTES`, 256 MiB, by default; a :class:`SyncSession`
-parameter for tests), named ``<scratch>.part-0000``, ``.part-0001``, ... in the sandbox
-(details and the in-sandbox texts in :mod:`provider.driver.sync_steps`):
-
-- inbound, the host archive (already a host temp file) or the host file is uploaded as one
-  streamed ``PUT`` per byte range, never read into memory; the placement step of the operation's
-  one command feeds the parts in order to ``tar -xf -`` (or appends them into the scratch file
-  before its ``chmod``/``mv``), and its ``EXIT`` trap removes every part. A mapping at or under
-  the part size is one ``PUT`` of the whole file to the scratch path, exactly as before;
-- outbound, the pack command always pipes into GNU ``split`` and prints the part count (a small
-  tree is one part), the host ``GET``s the parts in order, appending each to the one host
-  ``data`` file (streamed), and validates the whole archive (5.7) before extracting anything;
-  the cleanup ``exec`` removes the scratch and every part with a glob.
+Large trees and files: the files API takes at most about 500 MiB per file (413 above it), so a
+mapping's byte stream (the tar archive of a directory, or a file) larger than ``part_bytes``
+(:data:`PART_BYTES`, 256 MiB, by default; a :class:`SyncSession` parameter for tests) travels
+as ``<scratch>.part-0000``, ``.part-0001``, ... Inbound, one streamed ``PUT`` per byte range of
+the host file, consumed in order by the placement step; at or under the part size, one ``PUT``
+of the whole file to the scratch path, exactly as before. Outbound, the pack command always
+splits (a small tree is one part) and prints the part count, the host ``GET``s the parts in
+order into one host file and validates the whole archive (5.7) before extracting anything.
 
 Request counts stay those of a single file for everything at or under the part size (inbound:
 one ``PUT`` per mapping plus the operation's command; outbound: the pack command, one ``GET``, the
-cleanup); each further part adds one ``PUT`` or one ``GET``. Failures behave as before: a failing
-part upload fails the sync and the scratch and its parts are removed, a partial download leaves
-the host target untouched and no temp file, and cancellation runs the cleanup shielded and
-bounded.
+cleanup); each further part adds one ``PUT`` or one ``GET``. A failing part upload fails the
+sync and the scratch and its parts are removed, a partial download leaves the host target
+untouched and no temp file, and cancellation runs the cleanup (a glob over the parts) shielded
+and bounded.
 """
 
 from __future__ import annotations
@@ -34,27 +32,23 @@ import contextlib
 import math
 import os
 import shutil
-import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.driver import sync_steps
+from provider.driver import sync_files, sync_parts, sync_steps
 from provider.driver.archive import build_directory_archive, extract_archive
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import ROOT
+from provider.driver.sync_files import LogSink
+from provider.driver.sync_parts import Scratch
 from provider.driver.sync_plan import FileMapping, PlannedOperation
 from provider.errors import ProviderError, TransferError
 
-LogSink = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
-PROGRESS_THRESHOLD = 64 * 1024 * 1024
-PROGRESS_INTERVAL = 2.0
-WRITE_BATCH = 1024 * 1024
 PART_BYTES: Final = 256 * 1024 * 1024
 """Largest byte range one PUT or GET of a sync carries (CreateOS takes about 500 MiB a file)."""
 SCRATCH_PREFIX: Final = "/tmp/paperclip-createos-transfer-"
@@ -92,7 +86,7 @@ class SyncSession:
 
     async def _new_workdir(self, parent: Path | None) -> Path:
         """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
-        workdir: Path = await anyio.to_thread.run_sync(_make_workdir, parent)
+        workdir: Path = await anyio.to_thread.run_sync(sync_files.make_workdir, parent)
         if self.journal is not None:
             await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
         return workdir
@@ -113,13 +107,13 @@ class SyncSession:
         """Upload every mapping, then place them and run the post-upload commands in one
         sandbox command (provider.driver.sync_steps); scratch files left by a failure before
         that command ran are removed here."""
-        scratches: list[sync_steps.Scratch] = []
+        scratches: list[Scratch] = []
         steps: list[sync_steps.Step] = []
         files = transferred = 0
         placed = False
         try:
             for mapping in op.mappings:
-                scratch = sync_steps.Scratch(_new_scratch())
+                scratch = Scratch(_new_scratch())
                 scratches.append(scratch)
                 count, size, text = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
@@ -151,9 +145,7 @@ class SyncSession:
 
     # -- inbound -----------------------------------------------------------------------------
 
-    async def _upload(
-        self, mapping: FileMapping, scratch: sync_steps.Scratch
-    ) -> tuple[int, int, str]:
+    async def _upload(self, mapping: FileMapping, scratch: Scratch) -> tuple[int, int, str]:
         """PUT one mapping to ``scratch`` (as parts when it is larger than a part: then
         ``scratch.parts`` is set before the first PUT, so cleanup knows); answers (files,
         bytes, the placement text)."""
@@ -176,63 +168,25 @@ class SyncSession:
                 files, mode = 1, host_mode if mapping.mode is None else mapping.mode
             size = (await anyio.to_thread.run_sync(os.stat, data)).st_size
             if size > self.part_bytes:
-                parts = sync_steps.part_count(size, self.part_bytes)
-                if parts > sync_steps.MAX_PARTS:
+                parts = sync_parts.part_count(size, self.part_bytes)
+                if parts > sync_parts.MAX_PARTS:
                     raise TransferError(
                         f"{mapping.host_path} is too large to sync: more than "
-                        f"{sync_steps.MAX_PARTS} parts of {self.part_bytes} bytes."
+                        f"{sync_parts.MAX_PARTS} parts of {self.part_bytes} bytes."
                     )
                 scratch.parts = parts
-            await self._put_with_progress(_ranges(scratch, size, self.part_bytes), data, mapping)
+            await sync_files.put_ranges(
+                self.client,
+                self.sandbox_id,
+                sync_parts.byte_ranges(scratch, size, self.part_bytes),
+                data,
+                log=self.log,
+                what=f"Uploading {mapping.sandbox_path}",
+            )
         finally:
             await self._drop_workdir(workdir)
-        text = sync_steps.placement_text(scratch, mapping.kind, mapping.sandbox_path, mode)
+        text = sync_parts.placement_text(scratch, mapping.kind, mapping.sandbox_path, mode)
         return files, size, text
-
-    async def _put_with_progress(
-        self, ranges: list[tuple[str, int, int]], data: Path, mapping: FileMapping
-    ) -> None:
-        """One streamed PUT per ``(sandbox path, offset, length)`` range of ``data``, in order."""
-        total = sum(length for _, _, length in ranges)
-        done = current = 0
-
-        def progress(count: int) -> None:
-            nonlocal current
-            current = count
-
-        async def put_all(on_progress: Callable[[int], None] | None) -> None:
-            nonlocal done, current
-            for path, offset, length in ranges:
-                current = 0
-                await self.client.put_file(
-                    self.sandbox_id,
-                    path,
-                    data,
-                    offset=offset,
-                    length=length,
-                    on_progress=on_progress,
-                )
-                done += length
-
-        if total <= PROGRESS_THRESHOLD or self.log is None:
-            await put_all(None)
-            return
-        what = f"Uploading {mapping.sandbox_path}"
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._report, lambda: done + current, total, what)
-                await put_all(progress)
-                tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1:  # the upload's own error, not a group, for callers
-                raise group.exceptions[0] from None
-            raise
-
-    async def _report(self, current: Callable[[], int], total: int, what: str) -> None:
-        assert self.log is not None
-        while True:
-            await anyio.sleep(PROGRESS_INTERVAL)
-            await self.log("info", f"{what}: {current() >> 20} of {total >> 20} MiB", None)
 
     # -- outbound ----------------------------------------------------------------------------
 
@@ -242,7 +196,7 @@ class SyncSession:
         scratch = _new_scratch()
         target = mapping.host_path
         if mapping.kind == "directory":
-            script = sync_steps.syncout_dir_parts_command(
+            script = sync_parts.syncout_dir_parts_command(
                 mapping.sandbox_path,
                 scratch,
                 self.part_bytes,
@@ -250,7 +204,7 @@ class SyncSession:
                 follow_symlinks=mapping.follow_symlinks,
             )
         else:
-            script = sync_steps.syncout_file_parts_command(
+            script = sync_parts.syncout_file_parts_command(
                 mapping.sandbox_path, scratch, self.part_bytes
             )
         file_mode = 0o600 if mapping.mode is None else mapping.mode
@@ -259,14 +213,21 @@ class SyncSession:
             what = f"Packing {mapping.sandbox_path}"
             packed = await self._control(script, what)
             try:
-                parts = sync_steps.parse_part_count(packed["stdout"])
+                parts = sync_parts.parse_part_count(packed["stdout"])
             except ValueError as exc:
                 raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
-            parents = await anyio.to_thread.run_sync(_make_parents, target.parent)
+            parents = await anyio.to_thread.run_sync(sync_files.make_parents, target.parent)
             workdir = await self._new_workdir(target.parent)
             data = workdir / "data"
-            paths = [sync_steps.part_path(scratch, index) for index in range(parts)]
-            size = await self._get_to_file(paths, data, file_mode, mapping)
+            size = await sync_files.get_to_file(
+                self.client,
+                self.sandbox_id,
+                [sync_parts.part_path(scratch, index) for index in range(parts)],
+                data,
+                file_mode,
+                log=self.log,
+                what=f"Downloading {mapping.sandbox_path}",
+            )
             if mapping.kind == "directory":
                 files = await anyio.to_thread.run_sync(
                     lambda: extract_archive(data, target, mode=mapping.mode)
@@ -275,49 +236,13 @@ class SyncSession:
                     for directory in parents:
                         await anyio.to_thread.run_sync(directory.chmod, mapping.mode)
             else:
-                await anyio.to_thread.run_sync(_install_file, data, target, file_mode)
+                await anyio.to_thread.run_sync(sync_files.install_file, data, target, file_mode)
                 files = 1
             return files, size
         finally:
             if workdir is not None:
                 await self._drop_workdir(workdir)
-            await self._remove_scratch(sync_steps.Scratch(scratch, parts=1))
-
-    async def _get_to_file(
-        self, paths: list[str], data: Path, mode: int, mapping: FileMapping
-    ) -> int:
-        """GET each sandbox path in order, appending it to ``data`` (created exclusively with
-        ``mode``), in batches of WRITE_BATCH: never more than a batch in memory."""
-        fd = await anyio.to_thread.run_sync(
-            lambda: os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o600)
-        )
-        size = reported = 0
-        pending: list[bytes] = []
-        pending_size = 0
-        try:
-            for path in paths:
-                async with self.client.get_file(self.sandbox_id, path) as body:
-                    async for chunk in body:
-                        pending.append(chunk)
-                        pending_size += len(chunk)
-                        if pending_size < WRITE_BATCH:
-                            continue
-                        await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
-                        size += pending_size
-                        pending, pending_size = [], 0
-                        if size - reported >= PROGRESS_THRESHOLD and self.log is not None:
-                            reported = size
-                            await self.log(
-                                "info",
-                                f"Downloading {mapping.sandbox_path}: {size >> 20} MiB",
-                                None,
-                            )
-            if pending:
-                await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
-                size += pending_size
-        finally:
-            await anyio.to_thread.run_sync(os.close, fd)
-        return size
+            await self._remove_scratch(Scratch(scratch, parts=1))
 
     # -- sandbox commands --------------------------------------------------------------------
 
@@ -330,9 +255,7 @@ class SyncSession:
             raise TransferError(_failure(what, result, result["stderr"]))
         return result
 
-    async def _run_steps(
-        self, steps: list[sync_steps.Step], scratches: list[sync_steps.Scratch]
-    ) -> None:
+    async def _run_steps(self, steps: list[sync_steps.Step], scratches: list[Scratch]) -> None:
         """One sandbox command for the steps of an inbound operation; errors name the step."""
         result = await self._command(sync_steps.operation_script(steps, scratches))
         if not result["timedOut"] and result["exitCode"] == 0:
@@ -358,13 +281,10 @@ class SyncSession:
             record=self.record,
         )
 
-    async def _remove_scratch(self, scratch: sync_steps.Scratch) -> None:
+    async def _remove_scratch(self, scratch: Scratch) -> None:
         """One ``exec`` (shielded, bounded, errors swallowed): ``rm -f`` of the scratch file, or
         of the scratch and every ``.part-*`` of it (a glob, so partial parts go too)."""
-        if scratch.parts:
-            command, args = sync_steps.removal_command(scratch.path)
-        else:
-            command, args = "/bin/rm", ["-f", "--", scratch.path]
+        command, args = scratch.removal_command()
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(self.cleanup_timeout),
@@ -387,56 +307,5 @@ def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any
     }
 
 
-def _make_parents(directory: Path) -> list[Path]:
-    """``mkdir -p`` where every new directory is 0700 (Path.mkdir gives parents the umask
-    default, usually 0755); returns the directories created."""
-    missing: list[Path] = []
-    current = directory
-    while not os.path.lexists(current):
-        missing.append(current)
-        current = current.parent
-    created: list[Path] = []
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:  # e.g. "a/.." once "a" exists: not ours to chmod later
-            continue
-        created.append(path)
-    return created
-
-
 def _new_scratch() -> str:
     return f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"
-
-
-def _ranges(scratch: sync_steps.Scratch, size: int, part_bytes: int) -> list[tuple[str, int, int]]:
-    """``(sandbox path, offset, length)`` of each PUT: the whole file, or each part."""
-    if not scratch.parts:
-        return [(scratch.path, 0, size)]
-    return [
-        (
-            sync_steps.part_path(scratch.path, index),
-            index * part_bytes,
-            min(part_bytes, size - index * part_bytes),
-        )
-        for index in range(scratch.parts)
-    ]
-
-
-def _make_workdir(parent: Path | None) -> Path:
-    return Path(tempfile.mkdtemp(prefix=".paperclip-createos-", dir=parent))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _install_file(data: Path, target: Path, mode: int) -> None:
-    """Give the complete download its final mode, then rename it over the target atomically."""
-    if target.is_dir() and not target.is_symlink():
-        raise TransferError("The sync-out target is a directory, but the source is a file.")
-    data.chmod(mode)
-    data.replace(target)

@@ -1,4 +1,5 @@
-"""Shell quoting, the execute wrapper and the sync guard, checked by running real bash."""
+"""Shell quoting, the execute wrapper, the sync guard and the single-file placement texts,
+checked by running real bash (the byte-range part texts: tests/driver/test_sync_parts.py)."""
 
 from __future__ import annotations
 
@@ -359,7 +360,12 @@ def test_confinement_message_names_the_rule() -> None:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    """tmp/ws (the root) with sub/, link-out -> ../outside, link-in -> sub; tmp/outside/secret."""
+    return make_tree(tmp_path)
+
+
+def make_tree(tmp_path: Path) -> Path:
+    """tmp/ws (the root) with sub/, link-out -> ../outside, link-in -> sub, abs-out ->
+    tmp/outside/secret (absolute); tmp/ws-other/; answers the root."""
     root = tmp_path / "ws"
     (root / "sub").mkdir(parents=True)
     (tmp_path / "outside").mkdir()
@@ -372,7 +378,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def guard_run(path: str, root: Path, *, env: Mapping[str, str] | None = None) -> tuple[int, str]:
-    script = shell._guard(path, str(root)) + '\nprintf "%s" "$resolved"'
+    script = shell.guard_snippet(path, str(root)) + '\nprintf "%s" "$resolved"'
     result = run_bash(script, env=env)
     return result.returncode, result.stdout.decode()
 
@@ -460,59 +466,19 @@ def test_syncin_dir_extracts_and_sets_top_mode(tree: Path, tmp_path: Path) -> No
     assert stat.S_IMODE(target.stat().st_mode) == 0o750
 
 
-def test_syncout_commands_copy_and_tar(tree: Path, tmp_path: Path) -> None:
-    (tree / "sub" / "f").write_text("data")
-    (tree / "sub" / "node_modules").mkdir()
-    (tree / "sub" / "node_modules" / "x").write_text("x")
-    (tree / "sub" / "ln").symlink_to("f")
-    scratch = tmp_path / "copy"
-    result = run_bash(shell._syncout_file(str(tree / "sub" / "f"), str(scratch), str(tree)))
-    assert result.returncode == 0, result.stderr
-    assert scratch.read_text() == "data"
-    # A directory is not a file.
-    result = run_bash(shell._syncout_file(str(tree / "sub"), str(tmp_path / "c2"), str(tree)))
-    assert result.returncode == 1
-
-    for follow in (False, True):
-        out = tmp_path / f"out-{follow}.tar"
-        script = shell._syncout_dir(
-            str(tree / "sub"), str(out), ["node_modules"], follow, str(tree)
-        )
-        result = run_bash(script)
-        assert result.returncode == 0, result.stderr
-        with tarfile.open(out) as tf:
-            members = {m.name: m for m in tf.getmembers()}
-        assert "./f" in members
-        assert not any("node_modules" in name for name in members)
-        assert members["./ln"].issym() is (not follow)
-
-
-def test_syncout_dir_refuses_escape_and_files(tree: Path, tmp_path: Path) -> None:
-    out = tmp_path / "o.tar"
-    script = shell._syncout_dir(str(tree / "link-out"), str(out), [], False, str(tree))
-    assert run_bash(script).returncode == 1
-    (tree / "file").write_text("x")
-    script = shell._syncout_dir(str(tree / "file"), str(out), [], False, str(tree))
-    assert run_bash(script).returncode == 1
-    assert not out.exists()
-
-
 def test_public_command_builders_quote_everything() -> None:
-    text = shell.syncout_dir_command(
-        "/paperclip-workspace/d", "/tmp/s'x", exclude=["*.log", "a b"], follow_symlinks=True
-    )
-    last = text.split("\n")[-1]
-    assert last == (
-        "tar -h --exclude='*.log' --exclude='a b' -cf '/tmp/s'\"'\"'x' -C \"$resolved\" . || exit 1"
-    )
     assert "chmod 0644 -- '/tmp/s'" in shell.syncin_file_command(
         "/tmp/s", "/paperclip-workspace/f", 0o644
     )
     assert 'chmod 0755 -- "$resolved"' in shell.syncin_dir_command(
         "/tmp/s", "/paperclip-workspace", 0o755
     )
-    assert "cp -- \"$resolved\" '/tmp/s'" in shell.syncout_file_command(
-        "/paperclip-workspace/f", "/tmp/s"
+    assert "tar -xf '/tmp/s'\"'\"'x' -C" in shell.syncin_dir_command(
+        "/tmp/s'x", "/paperclip-workspace", 0o755
     )
     with pytest.raises(ValueError):
         shell.syncin_file_command("/tmp/s", "/paperclip-workspace/f", 0o1777)
+    assert [shell.octal_mode(m) for m in (0, 0o640, 0o777)] == ["0000", "0640", "0777"]
+    for bad in (-1, 0o1000, True):
+        with pytest.raises(ValueError, match=r"mode must be an integer in \[0, 0o777\]"):
+            shell.octal_mode(bad)

@@ -6,6 +6,7 @@ so a tree of about 20 MiB travels as several parts. Checked: byte-identical resu
 one ``PUT`` or ``GET`` per part, the same requests as before under the part size, and no
 scratch left in the sandbox or on the host when a part fails. The acceptance test moves a 2 GiB
 tree through a real worker process against a 500 MiB per-file limit with the default part size.
+The part texts themselves run in real bash in tests/driver/test_sync_parts.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 from provider.createos.upload import UploadBody
 from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
-from provider.driver import sync, sync_steps
+from provider.driver import sync
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError
@@ -382,22 +383,6 @@ async def test_an_upload_body_streams_only_its_byte_range(tmp_path: Path) -> Non
         assert not seen or seen[-1] == size
     with pytest.raises(ValueError):
         UploadBody(source, 1, None, offset=-1)
-
-
-def test_part_texts() -> None:
-    assert sync_steps.part_path("/tmp/s", 7) == "/tmp/s.part-0007"
-    assert sync_steps.part_count(0, 3) == 1
-    assert sync_steps.part_count(3, 3) == 1
-    assert sync_steps.part_count(4, 3) == 2
-    assert sync_steps.parse_part_count("noise\n__paperclip_sync_parts__ 3\n") == 3
-    with pytest.raises(ValueError):
-        sync_steps.parse_part_count("")
-    with pytest.raises(ValueError):
-        sync_steps.parse_part_count("__paperclip_sync_parts__ 0\n")
-    with pytest.raises(ValueError):
-        sync_steps.part_path("/tmp/s", 10_000)
-    assert sync_steps.Scratch("/tmp/s").removal_words() == ["'/tmp/s'"]
-    assert sync_steps.Scratch("/tmp/s", 2).removal_words() == ["'/tmp/s'", "'/tmp/s.part-'*"]
 
 
 # --- the acceptance test: 2 GiB through a real worker process -------------------------------

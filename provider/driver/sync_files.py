@@ -1,0 +1,160 @@
+"""The host side of a sync's transfers: temp folders, streamed PUTs and GETs, the final install.
+
+Bytes never sit whole in memory: :func:`put_ranges` streams byte ranges of a host file (the
+archive a directory was packed into, or the mapped file itself) with one ``PUT`` each, and
+:func:`get_to_file` appends ``GET`` bodies to one host file in batches of :data:`WRITE_BATCH`.
+Transfers over :data:`PROGRESS_THRESHOLD` report progress to the call's log every
+:data:`PROGRESS_INTERVAL` seconds (uploads) or every :data:`PROGRESS_THRESHOLD` bytes
+(downloads). Host files are created 0600 and folders 0700; a download replaces its target only
+once complete (:func:`install_file`). Journaling the temp folders and choosing what to transfer
+is :class:`provider.driver.sync.SyncSession`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from provider.createos.client import CreateOSClient
+from provider.errors import TransferError
+
+LogSink = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
+PROGRESS_THRESHOLD = 64 * 1024 * 1024
+PROGRESS_INTERVAL = 2.0
+WRITE_BATCH = 1024 * 1024
+
+
+async def put_ranges(
+    client: CreateOSClient,
+    sandbox_id: str,
+    ranges: list[tuple[str, int, int]],
+    data: Path,
+    *,
+    log: LogSink | None,
+    what: str,
+) -> None:
+    """One streamed PUT per ``(sandbox path, offset, length)`` range of ``data``, in order;
+    ``what`` ("Uploading <sandbox path>") heads the progress lines."""
+    total = sum(length for _, _, length in ranges)
+    done = current = 0
+
+    def progress(count: int) -> None:
+        nonlocal current
+        current = count
+
+    async def put_all(on_progress: Callable[[int], None] | None) -> None:
+        nonlocal done, current
+        for path, offset, length in ranges:
+            current = 0
+            await client.put_file(
+                sandbox_id,
+                path,
+                data,
+                offset=offset,
+                length=length,
+                on_progress=on_progress,
+            )
+            done += length
+
+    if total <= PROGRESS_THRESHOLD or log is None:
+        await put_all(None)
+        return
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_report, log, lambda: done + current, total, what)
+            await put_all(progress)
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:  # the upload's own error, not a group, for callers
+            raise group.exceptions[0] from None
+        raise
+
+
+async def _report(log: LogSink, current: Callable[[], int], total: int, what: str) -> None:
+    while True:
+        await anyio.sleep(PROGRESS_INTERVAL)
+        await log("info", f"{what}: {current() >> 20} of {total >> 20} MiB", None)
+
+
+async def get_to_file(
+    client: CreateOSClient,
+    sandbox_id: str,
+    paths: list[str],
+    data: Path,
+    mode: int,
+    *,
+    log: LogSink | None,
+    what: str,
+) -> int:
+    """GET each sandbox path in order, appending it to ``data`` (created exclusively with
+    ``mode``), in batches of WRITE_BATCH: never more than a batch in memory. Answers the bytes
+    written; ``what`` ("Downloading <sandbox path>") heads the progress lines."""
+    fd = await anyio.to_thread.run_sync(
+        lambda: os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o600)
+    )
+    size = reported = 0
+    pending: list[bytes] = []
+    pending_size = 0
+    try:
+        for path in paths:
+            async with client.get_file(sandbox_id, path) as body:
+                async for chunk in body:
+                    pending.append(chunk)
+                    pending_size += len(chunk)
+                    if pending_size < WRITE_BATCH:
+                        continue
+                    await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
+                    size += pending_size
+                    pending, pending_size = [], 0
+                    if size - reported >= PROGRESS_THRESHOLD and log is not None:
+                        reported = size
+                        await log("info", f"{what}: {size >> 20} MiB", None)
+        if pending:
+            await anyio.to_thread.run_sync(_write_all, fd, b"".join(pending))
+            size += pending_size
+    finally:
+        await anyio.to_thread.run_sync(os.close, fd)
+    return size
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def make_workdir(parent: Path | None) -> Path:
+    """A fresh 0700 folder (``mkdtemp``) in ``parent``, or in the system temp folder."""
+    return Path(tempfile.mkdtemp(prefix=".paperclip-createos-", dir=parent))
+
+
+def make_parents(directory: Path) -> list[Path]:
+    """``mkdir -p`` where every new directory is 0700 (Path.mkdir gives parents the umask
+    default, usually 0755); returns the directories created."""
+    missing: list[Path] = []
+    current = directory
+    while not os.path.lexists(current):
+        missing.append(current)
+        current = current.parent
+    created: list[Path] = []
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # e.g. "a/.." once "a" exists: not ours to chmod later
+            continue
+        created.append(path)
+    return created
+
+
+def install_file(data: Path, target: Path, mode: int) -> None:
+    """Give the complete download its final mode, then rename it over the target atomically."""
+    if target.is_dir() and not target.is_symlink():
+        raise TransferError("The sync-out target is a directory, but the source is a file.")
+    data.chmod(mode)
+    data.replace(target)
