@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo demo-agent bench
+.PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo demo-agent bench \
+	package package-lock
 
 ## setup: venv + editable install with dev extras, bubblewrap (for the emulator), real-host peer
 setup: python-deps bubblewrap peer
@@ -57,6 +58,15 @@ demo: setup
 ## installs the server from npm, about 2 minutes)
 demo-agent: setup
 	$(PY) -m provider.devtools.demo_agent $(DEMO_ARGS)
+
+## package: the npm packages operators install into dist/: paperclip-plugin-createos and one
+## paperclip-createos-runtime-<platform> per platform (wheels from the lock, cached in .cache/wheels)
+package: $(PY)
+	$(PY) packaging/build.py
+
+## package-lock: regenerate packaging/wheels.lock.json from packaging/pins.toml (downloads ~50 MB)
+package-lock: $(PY)
+	$(PY) packaging/build.py --update-lock
 
 ## bench: every figure in the README (several minutes; see bench/README.md)
 bench: setup

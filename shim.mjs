@@ -1,13 +1,22 @@
 // Node shim: the Paperclip host forks this file (manifest entrypoints.worker) with a scrubbed
-// environment. It starts the Python worker (`python -m provider`) with the very stdio pipes the
-// host opened, forwards SIGTERM/SIGINT, and exits with the worker's code. It never touches
-// protocol data. Everything is resolved from import.meta.url: the host does not set our cwd.
+// environment. It starts the Python worker with the very stdio pipes the host opened, forwards
+// SIGTERM/SIGINT, and exits with the worker's code. It never touches protocol data. Everything
+// is resolved from import.meta.url: the host does not set our cwd.
+//
+// Three layouts, first match wins:
+// - a source checkout after `make setup`: .venv/bin/python -m provider;
+// - the npm package (python/bootstrap.py exists): python3 from PATH runs the bootstrap in
+//   isolated mode with the runtime package npm installed for this platform (the compiled
+//   dependencies, per CPython version); the bootstrap checks the version and fails clearly;
+// - a checkout without .venv: python3 -m provider (dependencies installed some other way).
 import { spawn } from "node:child_process";
-import { accessSync, constants, statSync } from "node:fs";
+import { accessSync, constants, existsSync, statSync } from "node:fs";
+import { createRequire } from "node:module";
 import { delimiter, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const packageDir = dirname(fileURLToPath(import.meta.url));
+const NAME = "paperclip-plugin-createos";
 
 // The fork IPC channel is unused: never let it keep the shim alive.
 process.channel?.unref();
@@ -22,30 +31,81 @@ function isExecutableFile(candidate) {
   }
 }
 
-function findPython() {
-  const venvPython = join(packageDir, ".venv", "bin", "python");
-  if (isExecutableFile(venvPython)) return venvPython;
-  for (const dir of (process.env.PATH ?? "").split(delimiter)) {
-    if (!dir) continue;
-    const candidate = join(dir, "python3");
-    if (isExecutableFile(candidate)) return candidate;
+function onPath(names) {
+  for (const name of names) {
+    for (const dir of (process.env.PATH ?? "").split(delimiter)) {
+      if (!dir) continue;
+      const candidate = join(dir, name);
+      if (isExecutableFile(candidate)) return candidate;
+    }
   }
   return null;
 }
 
-const python = findPython();
-if (python === null) {
-  process.stderr.write(
-    "paperclip-plugin-createos: no Python found (looked for .venv/bin/python in the plugin folder and python3 on PATH)\n",
-  );
-  process.exit(127);
+// The runtime package's platform key, as the package names spell it.
+function platformKey() {
+  if (process.platform === "linux") {
+    const musl = ["/lib/ld-musl-x86_64.so.1", "/lib/ld-musl-aarch64.so.1"].some(existsSync);
+    return `linux-${process.arch}-${musl ? "musl" : "gnu"}`;
+  }
+  return `${process.platform}-${process.arch}`;
 }
 
-const child = spawn(python, ["-m", "provider"], {
+function runtimeDir(key) {
+  try {
+    const require = createRequire(import.meta.url);
+    return dirname(require.resolve(`paperclip-createos-runtime-${key}/package.json`));
+  } catch {
+    return null;
+  }
+}
+
+function plan() {
+  const venvPython = join(packageDir, ".venv", "bin", "python");
+  if (isExecutableFile(venvPython)) return { python: venvPython, args: ["-m", "provider"], env: {} };
+  // python3 first (what operators install); versioned names when python3 is missing.
+  const python = onPath(["python3", "python3.14", "python3.13", "python3.12", "python3.11"]);
+  const bootstrap = join(packageDir, "python", "bootstrap.py");
+  if (existsSync(bootstrap)) {
+    if (python === null) {
+      return {
+        missing:
+          "no Python found: the worker needs Python 3.11 or newer as python3 on the Paperclip " +
+          "server's PATH (3.11 to 3.14 are shipped); install it, or run the plugin from a " +
+          "source checkout after `make setup`",
+      };
+    }
+    const key = platformKey();
+    return {
+      python,
+      // Isolated (no user site, no PYTHON* variables), unbuffered, UTF-8 whatever the locale.
+      args: ["-I", "-u", "-X", "utf8", bootstrap],
+      env: { PAPERCLIP_CREATEOS_PLATFORM: key, PAPERCLIP_CREATEOS_RUNTIME: runtimeDir(key) ?? "" },
+    };
+  }
+  if (python === null) {
+    return {
+      missing:
+        "no Python found (looked for .venv/bin/python in the plugin folder and python3 on " +
+        "PATH): run `make setup` in the plugin folder",
+    };
+  }
+  return { python, args: ["-m", "provider"], env: {} };
+}
+
+const start = plan();
+if (start.missing !== undefined) {
+  process.stderr.write(`${NAME}: ${start.missing}\n`);
+  process.exit(127);
+}
+const python = start.python;
+
+const child = spawn(python, start.args, {
   cwd: packageDir,
   stdio: "inherit",
   env: {
     ...process.env,
+    ...start.env,
     PYTHONUNBUFFERED: "1",
     PYTHONUTF8: "1",
     PAPERCLIP_CREATEOS_SHIM_PID: String(process.pid),
@@ -59,7 +119,7 @@ const forward = (signal) => {
 for (const signal of forwarded) process.on(signal, forward);
 
 child.on("error", (err) => {
-  process.stderr.write(`paperclip-plugin-createos: cannot start ${python}: ${err.message}\n`);
+  process.stderr.write(`${NAME}: cannot start ${python}: ${err.message}\n`);
   process.exit(127);
 });
 

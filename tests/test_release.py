@@ -24,7 +24,14 @@ def package_json(directory: Path) -> dict[str, Any]:
 
 def test_release_toml_records_directory_name_version_and_no_ci_publishing() -> None:
     record = release()
-    assert set(record) == {"directory", "name", "version", "manifestId", "publishFromCi"}
+    assert set(record) == {
+        "directory",
+        "name",
+        "version",
+        "manifestId",
+        "publishFromCi",
+        "publish",
+    }
     assert record["publishFromCi"] is False
     assert SEMVER.fullmatch(record["version"]), record["version"]
     directory = (REPO_ROOT / record["directory"]).resolve()
@@ -58,6 +65,24 @@ def test_names_agree_where_they_name_the_same_thing() -> None:
     # ... the plugin id (Paperclip's plugin key) is the manifest's own, recorded beside it.
     assert manifest["id"] == record["manifestId"]
     assert manifest["environmentDrivers"][0]["driverKey"] == "createos"
+
+
+def test_publish_set_is_the_main_package_and_one_runtime_per_pinned_platform() -> None:
+    record = release()
+    publish = record["publish"]
+    assert set(publish) == {"dist", "main", "runtimes"}
+    assert publish["main"] == record["name"]
+    # The tarballs land in dist/ (make package): a relative, gitignored folder.
+    assert not Path(publish["dist"]).is_absolute() and ".." not in Path(publish["dist"]).parts
+    ignored = (REPO_ROOT / ".gitignore").read_text().split()
+    assert f"{publish['dist']}/" in ignored or publish["dist"] in ignored
+    # One runtime per platform of packaging/pins.toml, none taken for a plugin by the host.
+    pins = tomllib.loads((REPO_ROOT / "packaging" / "pins.toml").read_text())
+    runtimes = publish["runtimes"]
+    assert len(runtimes) == len(set(runtimes)) == 5
+    assert set(runtimes) == {f"paperclip-createos-runtime-{key}" for key in pins["platforms"]}
+    for name in runtimes:
+        assert not name.startswith("paperclip-plugin-"), name
 
 
 def test_ci_does_not_publish_while_publish_from_ci_is_false() -> None:

@@ -1,0 +1,91 @@
+# Start of the worker in an installed npm package (python/bootstrap.py there).
+#
+# shim.mjs runs `python3 -I python/bootstrap.py` when the package has no .venv (an operator's
+# install by package name). Isolated mode (-I) keeps the server user's site-packages and
+# PYTHON* variables out; this file then builds the import path from shipped files only:
+#
+#   <package>/             provider/ (the worker's source)
+#   <package>/python/      the pure-Python dependencies, unpacked at build time
+#   <runtime>/cp3XY/       the compiled ones (pydantic_core, msgspec) for this CPython, from the
+#                          platform package npm installed beside ours (PAPERCLIP_CREATEOS_RUNTIME)
+#
+# Nothing is downloaded, built or unpacked here: the only file CPython may write is its own
+# bytecode cache, which it writes atomically (a temp file, then a rename) inside the package
+# folder, so a killed start leaves nothing half-made and an upgrade or uninstall removes it.
+#
+# Every check runs before the worker starts, so a Python that cannot run it never answers
+# `initialize` half-working: stderr says what is missing and how to fix it, and the host shows
+# the plugin's error state. This file must stay parseable by old Pythons (no f-strings, no
+# annotations) so that it can say "too old" instead of failing with a SyntaxError.
+import os
+import sys
+
+MYPY = False
+if MYPY:  # type comments only: this file must parse on Pythons without annotations
+    from typing import NoReturn  # noqa: F401  (used by the type comments)
+
+NAME = "paperclip-plugin-createos"
+MINIMUM = (3, 11)
+FIX = (
+    "install Python 3.11 or newer (3.11 to 3.14 are shipped) as python3 on the Paperclip "
+    "server's PATH, or run the plugin from a source checkout after `make setup`"
+)
+SHIPPED = ("linux-x64-gnu", "linux-arm64-gnu", "linux-x64-musl", "darwin-arm64", "darwin-x64")
+EXIT_UNUSABLE = 78  # EX_CONFIG: the host's environment cannot run this worker
+
+
+def fail(message):
+    # type: (str) -> NoReturn
+    sys.stderr.write(NAME + ": " + message + "\n")
+    sys.stderr.flush()
+    sys.exit(EXIT_UNUSABLE)
+
+
+def main():
+    # type: () -> None
+    version = sys.version_info
+    found = "%d.%d.%d" % (version[0], version[1], version[2])
+    if tuple(version[:2]) < MINIMUM:
+        fail(
+            "Python %s at %s is too old: the worker needs Python 3.11 or newer; %s."
+            % (found, sys.executable, FIX)
+        )
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(here)
+    platform = os.environ.get("PAPERCLIP_CREATEOS_PLATFORM") or sys.platform
+    runtime = os.environ.get("PAPERCLIP_CREATEOS_RUNTIME") or ""
+    if not runtime or not os.path.isdir(runtime):
+        if platform in SHIPPED:
+            fail(
+                "the runtime package paperclip-createos-runtime-%s is not installed beside the "
+                "plugin (npm leaves optional dependencies out with --omit=optional): reinstall "
+                "the plugin with optional dependencies, or run it from a source checkout after "
+                "`make setup`." % platform
+            )
+        fail(
+            "this platform (%s) has no shipped runtime (shipped: %s); run the plugin from a "
+            "source checkout after `make setup`." % (platform, ", ".join(SHIPPED))
+        )
+    tag = "cp%d%d" % (version[0], version[1])
+    compiled = os.path.join(runtime, tag)
+    if not os.path.isdir(compiled):
+        shipped = sorted(n for n in os.listdir(runtime) if n.startswith("cp") and n[2:].isdigit())
+        fail(
+            "the runtime package for %s has no build for Python %s (it ships %s); %s."
+            % (platform, found, ", ".join(shipped) or "none", FIX)
+        )
+    sys.path[0:0] = [package, here, compiled]
+    try:
+        import msgspec  # noqa: F401  (the compiled dependencies must load before anything runs)
+        import pydantic_core  # noqa: F401
+    except ImportError as exc:
+        fail(
+            "the runtime for %s and Python %s does not load on this machine (%s); %s."
+            % (platform, found, exc, FIX)
+        )
+    import runpy
+
+    runpy.run_module("provider", run_name="__main__", alter_sys=True)
+
+
+main()
