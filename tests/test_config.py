@@ -423,6 +423,9 @@ def test_manifest_schema_lists_the_catalog_and_the_defaults() -> None:
         "reuseLease",
         "reuseMaxIdleSeconds",
         "reuseMaxKeptSandboxes",
+        "egressAllowlist",
+        "autoPauseAfterSeconds",
+        "rootfsByAdapter",
     }
 
 

@@ -133,6 +133,25 @@ class PaperclipServer:
 
     # --- environment and helpers ------------------------------------------------------------
 
+    @property
+    def home_dir(self) -> Path:
+        """``HOME`` of every Paperclip process (see ``env``)."""
+        return self.work_dir / "home"
+
+    @property
+    def plugins_dir(self) -> Path:
+        """Where the server npm-installs a plugin given by name (``--prefix``): the
+        ``~/.paperclip/plugins`` of its ``HOME`` (@paperclipai/server's plugin-loader
+        ``DEFAULT_LOCAL_PLUGIN_DIR``); its ``.npmrc`` is npm's project config there."""
+        return self.home_dir / ".paperclip" / "plugins"
+
+    def raw_log_text(self) -> str:
+        """The server's stdout/stderr so far, unredacted (to assert a secret never got there)."""
+        try:
+            return self.log_path.read_text("utf-8", "replace")
+        except OSError:
+            return ""
+
     def env(self) -> dict[str, str]:
         """The environment every Paperclip process gets: no stray PAPERCLIP_*, no telemetry."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAPERCLIP_")}
@@ -140,7 +159,7 @@ class PaperclipServer:
             env.pop(key, None)
         env.update(
             PATH=f"{self._node.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-            HOME=str(self.work_dir / "home"),
+            HOME=str(self.home_dir),
             PAPERCLIP_UPDATE_CHECK="0",
             PAPERCLIP_TELEMETRY_DISABLED="1",
             DO_NOT_TRACK="1",

@@ -225,7 +225,7 @@ async def test_the_real_server_installs_configures_probes_and_restarts_our_plugi
             async with EmulatorProcess(root / "emulator", api_key) as emu:
                 async with PaperclipServer(root / "paperclip", secrets=[api_key]) as server:
                     await _scenario(server, emu, api_key)
-                server_log = server.log_text()
+                server_log = server.raw_log_text()  # unredacted: the key check must be able to fail
                 timings = server.timings
                 assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
                 state = await emu.admin.state()
