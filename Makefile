@@ -71,6 +71,7 @@ package-lock: $(PY)
 ## bench: every figure in the README (several minutes; see bench/README.md)
 bench: setup
 	$(PY) bench/cold_start.py
+	$(PY) bench/package_start.py
 	$(PY) bench/emulator_latency.py
 	$(PY) bench/emulator_stream.py
 	$(PY) bench/execute_relay.py

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import importlib
 import json
-import platform
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tomllib
 import zipfile
@@ -23,6 +20,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.packaging.conftest import host_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = REPO_ROOT / "packaging"
@@ -215,33 +214,6 @@ def test_disagreeing_versions_are_refused(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 # -- the built packages ------------------------------------------------------------------------
-
-
-def host_key() -> str:
-    cpu = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
-    arch = cpu[platform.machine().lower()]
-    system = platform.system().lower()  # linux, darwin (sys.platform would be unreachable to mypy)
-    if system == "linux":
-        return f"linux-{arch}-{'gnu' if platform.libc_ver()[0] == 'glibc' else 'musl'}"
-    return f"{system}-{arch}"
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not on PATH")
-    out = tmp_path_factory.mktemp("dist")
-    command = [
-        sys.executable,
-        str(PACKAGING / "build.py"),
-        "--platforms",
-        "host",
-        "--out",
-        str(out),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr
-    return {path.name: path for path in out.glob("*.tgz")}
 
 
 @pytest.fixture(scope="session")
