@@ -3,6 +3,9 @@
 Start-up order (see ``provider.app.run_stdio``): move the protocol stream off fd 1, answer
 ``initialize`` with the standard library, tie our life to the shim's, and only then import the
 async machinery.
+
+``python -m provider shell [--api-url ORIGIN] SANDBOX_ID`` is the operator's attach helper
+(:mod:`provider.shell`, provider-behavior.md 8.1); it is imported only for that subcommand.
 """
 
 from __future__ import annotations
@@ -12,8 +15,16 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "shell":
+        from provider.shell.cli import main as shell_main
+
+        return shell_main(argv[1:])
     if argv:
-        sys.stderr.write("usage: python -m provider   (serves the Paperclip host on stdio)\n")
+        sys.stderr.write(
+            "usage: python -m provider   (serves the Paperclip host on stdio)\n"
+            "       python -m provider shell [--api-url ORIGIN] SANDBOX_ID"
+            "   (a shell in a sandbox, on this terminal)\n"
+        )
         return 2
     from provider.app import run_stdio
 

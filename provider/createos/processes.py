@@ -1,4 +1,5 @@
-"""Managed-process calls of the CreateOS client: start, read, kill, stdin and the output stream.
+"""Managed-process calls of the CreateOS client: start, read, kill, stdin, resize and the output
+stream.
 
 createos-api.md sections on ``/sandboxes/{id}/processes``. Starting a process and writing its
 input are POSTs, repeated only on 429 (a lost answer may already have started it or delivered
@@ -18,6 +19,7 @@ from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
 
 MAX_INPUT_BYTES: Final = 256 * 1024  # decoded bytes per /input request
+MAX_PTY_SIDE: Final = 1000  # rows and cols of a PTY: integers from 1 to this (createos-api.md 8.6)
 SIGNALS: Final = (
     "SIGHUP",
     "SIGINT",
@@ -114,6 +116,21 @@ class ProcessCalls(ClientCore):
         url = self._process_url(sandbox_id, process_id) + "/input"
         body = {"data_base64": base64.b64encode(data).decode("ascii")}
         await self._json_call("POST", url, operation="write process input", json=body)
+
+    async def resize_process(
+        self, sandbox_id: str, process_id: str, *, rows: int, cols: int
+    ) -> None:
+        """``POST .../processes/{pid}/resize {"rows", "cols"}``: the terminal of a PTY process
+        takes that size (its foreground job gets SIGWINCH). Each side is an integer from 1 to
+        :data:`MAX_PTY_SIDE`; a pipe process answers 409 (Conflict)."""
+        for name, value in (("rows", rows), ("cols", cols)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer")
+            if not 1 <= value <= MAX_PTY_SIDE:
+                raise ValueError(f"{name} must be from 1 to {MAX_PTY_SIDE}")
+        url = self._process_url(sandbox_id, process_id) + "/resize"
+        body = {"rows": rows, "cols": cols}
+        await self._json_call("POST", url, operation="resize process", json=body)
 
     def connect(
         self, sandbox_id: str, process_id: str, *, after: int
