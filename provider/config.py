@@ -22,6 +22,7 @@ from provider.config_fields import (
     egress_allowlist,
     integer_field,
     rootfs_by_adapter,
+    snapshot,
     text_field,
 )
 from provider.errors import ConfigError
@@ -82,6 +83,7 @@ class EnvironmentConfig(BaseModel):
     egress_allowlist: tuple[str, ...] = ()
     auto_pause_after_seconds: int = AUTO_PAUSE.default
     rootfs_by_adapter: dict[str, str] = Field(default_factory=dict)
+    snapshot: str | None = None  # a paused template sandbox each lease forks (8.4)
 
     def normalized(self) -> dict[str, object]:
         """The ``normalizedConfig`` object the host persists (camelCase keys, nulls kept)."""
@@ -98,6 +100,7 @@ class EnvironmentConfig(BaseModel):
             "egressAllowlist": list(self.egress_allowlist),
             "autoPauseAfterSeconds": self.auto_pause_after_seconds,
             "rootfsByAdapter": dict(self.rootfs_by_adapter),
+            "snapshot": self.snapshot,
         }
 
 
@@ -235,6 +238,12 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
             placement[name] = parse(raw)
         except ConfigError as exc:
             errors.append(exc)
+    try:
+        placement["snapshot"] = snapshot(
+            raw, rootfs=texts["rootfs"], by_adapter=placement.get("rootfs_by_adapter", {})
+        )
+    except ConfigError as exc:
+        errors.append(exc)
     if errors or shape is None:
         return None, errors
     config = EnvironmentConfig(

@@ -1,6 +1,6 @@
 """Field parsers of the environment config (provider-behavior.md 1.2), used by
 :mod:`provider.config`: text and integer fields, and the placement fields of the sandbox itself
-(``egressAllowlist``, ``autoPauseAfterSeconds``, ``rootfsByAdapter``).
+(``egressAllowlist``, ``autoPauseAfterSeconds``, ``rootfsByAdapter``, ``snapshot``).
 
 Every parser takes the raw mapping and returns the normalized value or raises
 :class:`ConfigError` naming the field (or the entry's position) and the accepted forms, never
@@ -10,6 +10,7 @@ the value itself (an operator may have pasted a secret into the wrong box).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -23,6 +24,7 @@ MIN_AUTO_PAUSE_SECONDS: Final = 60
 MAX_AUTO_PAUSE_SECONDS: Final = 86_400
 MAX_ROOTFS_BY_ADAPTER: Final = 64
 MAX_ROOTFS_TEXT: Final = 200
+SNAPSHOT_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a CreateOS id (createos-api.md 1.9)
 
 
 def text_field(raw: Mapping[str, Any], field: str) -> str | None:
@@ -153,3 +155,32 @@ def _clean(value: object) -> str | None:
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
         return None
     return text
+
+
+def snapshot(
+    raw: Mapping[str, Any], *, rootfs: str | None, by_adapter: Mapping[str, str]
+) -> str | None:
+    """The paused template sandbox each lease forks (provider-behavior.md 1.2.11, 8.4): a text
+    field holding a CreateOS id. A template replaces the image, so it is refused beside
+    ``rootfs`` or a non-empty ``rootfsByAdapter``."""
+    field = "snapshot"
+    try:
+        value = text_field(raw, field)
+    except ConfigError:
+        value = None
+        valid = False
+    else:
+        valid = value is None or SNAPSHOT_RE.fullmatch(value) is not None
+    if not valid:
+        raise ConfigError(
+            f"{field} must be a CreateOS sandbox id (1 to 200 letters, digits, '_' or '-'), "
+            "or null to leave it unset",
+            field=field,
+        )
+    if value is not None and (rootfs is not None or by_adapter):
+        raise ConfigError(
+            f"{field} cannot be combined with rootfs or rootfsByAdapter: a template replaces "
+            "the image (unset them, or unset snapshot)",
+            field=field,
+        )
+    return value

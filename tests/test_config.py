@@ -142,6 +142,7 @@ def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() ->
         "egressAllowlist": ["github.com", "10.0.0.0/8"],
         "autoPauseAfterSeconds": 60,
         "rootfsByAdapter": {"codex_local": "ubuntu:26.04"},
+        "snapshot": None,
     }
 
 
@@ -156,6 +157,7 @@ def test_full_config_is_trimmed_and_normalized_and_unknown_keys_are_dropped() ->
         "reuseLease",
         "reuseMaxIdleSeconds",
         "reuseMaxKeptSandboxes",
+        "snapshot",
     ],
 )
 def test_null_means_absent(field: str) -> None:
@@ -293,6 +295,7 @@ def test_validate_returns_normalized_config_with_nulls_for_absent_optionals() ->
             "egressAllowlist": [],
             "autoPauseAfterSeconds": 600,
             "rootfsByAdapter": {},
+            "snapshot": None,
             "streamRunLogs": False,  # a host-owned flag we default (see config.py)
         },
     }
@@ -426,7 +429,9 @@ def test_manifest_schema_lists_the_catalog_and_the_defaults() -> None:
         "egressAllowlist",
         "autoPauseAfterSeconds",
         "rootfsByAdapter",
+        "snapshot",
     }
+    assert props["snapshot"]["type"] == "string"
 
 
 # --- egress, window, rootfs per adapter (checklist 58-59) ---------------------------------------
@@ -529,3 +534,43 @@ def test_rootfs_by_adapter_refusals(mapping: object) -> None:
     with pytest.raises(ConfigError, match="rootfsByAdapter") as caught:
         parse_config({**BASE, "rootfsByAdapter": mapping})
     assert caught.value.field == "rootfsByAdapter"
+
+
+# --- snapshot (checklist 59) ---------------------------------------------------------------------
+
+
+def test_snapshot_is_a_trimmed_sandbox_id_kept_in_the_normalized_config() -> None:
+    config = parse_config({**BASE, "snapshot": " sb_01J8ZTEMPLATE-x "})
+    assert config.snapshot == "sb_01J8ZTEMPLATE-x"
+    assert config.normalized()["snapshot"] == "sb_01J8ZTEMPLATE-x"
+    assert parse_config({**BASE, "snapshot": "a" * 200}).snapshot == "a" * 200
+    # an empty rootfsByAdapter is not an image choice: it may stand beside a snapshot
+    assert parse_config({**BASE, "snapshot": "sb_1", "rootfsByAdapter": {}}).snapshot == "sb_1"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["sb 1", "sb/1", "../sb", "sb.1", "a" * 201, "", "   ", "sb\x00", 5, True, ["sb_1"], "ünï"],
+)
+def test_snapshot_refuses_a_non_identifier_without_echoing_it(value: object) -> None:
+    with pytest.raises(ConfigError, match="snapshot") as caught:
+        parse_config({**BASE, "snapshot": value})
+    assert caught.value.field == "snapshot"
+    if isinstance(value, str) and value.strip():
+        assert value not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"rootfs": "devbox:1"},
+        {"rootfsByAdapter": {"codex_local": "ubuntu:26.04"}},
+        {"rootfs": "devbox:1", "rootfsByAdapter": {"codex_local": "ubuntu:26.04"}},
+    ],
+)
+def test_snapshot_is_refused_together_with_an_image(extra: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="cannot be combined with rootfs") as caught:
+        parse_config({**BASE, "snapshot": "sb_1", **extra})
+    assert caught.value.field == "snapshot"
+    result = validate_config({**BASE, "snapshot": "sb_1", **extra})
+    assert result["ok"] is False

@@ -55,8 +55,11 @@ def test_manifest_declares_one_createos_sandbox_provider() -> None:
 
 
 def test_declared_interactive_features_match_the_served_verb_groups() -> None:
-    """A flag without its verbs makes the host's close fail and kill the worker; verbs without
-    the flag are never used (host-protocol.md 10.1). Both sides must agree."""
+    """A flag without its verbs makes the host's close fail and kill the worker (login PTY,
+    duplex) or its setup calls fail with 422; verbs without the flag are never used
+    (host-protocol.md 10.1). Each group is served whole or not at all, and every declared
+    flag has its verbs. The login and duplex groups ship, so their flags are declared too;
+    the setup and template verbs are served before their flags are declared."""
     from provider.driver.methods import VERBS
 
     (driver,) = _json("manifest.json")["environmentDrivers"]
@@ -68,14 +71,42 @@ def test_declared_interactive_features_match_the_served_verb_groups() -> None:
             "duplexChannelStop",
             "duplexChannelClose",
         ),
+        "supportsInteractiveSetup": (
+            "environmentStartInteractiveSetup",
+            "environmentGetInteractiveSetup",
+            "environmentCancelInteractiveSetup",
+        ),
+        "supportsTemplateCapture": ("environmentCaptureTemplate",),
+        "supportsTemplateDelete": ("environmentDeleteTemplate",),
     }
-    declared = {
-        "supportsLoginPty": driver.get("supportsLoginPty") is True,
-        "duplexCommandStream": driver["sandboxCapabilities"].get("duplexCommandStream") is True,
-    }
+    declared = {flag: driver.get(flag) is True for flag in groups}
+    declared["duplexCommandStream"] = (
+        driver["sandboxCapabilities"].get("duplexCommandStream") is True
+    )
     for flag, verbs in groups.items():
         served = [verb in VERBS for verb in verbs]
-        assert all(served) == declared[flag] and any(served) == declared[flag], flag
+        assert all(served) == any(served), flag  # a group is served whole
+        if declared[flag]:
+            assert all(served), flag
+    for shipped in ("supportsLoginPty", "duplexCommandStream"):
+        assert declared[shipped], shipped
+    # capture and delete happen only within setup sessions
+    if declared["supportsTemplateCapture"] or declared["supportsTemplateDelete"]:
+        assert declared["supportsInteractiveSetup"]
+
+
+def test_template_declarations_name_our_connection_and_binding_when_declared() -> None:
+    """Once the setup flags ship (host-protocol.md 10.1), their companions must be ours."""
+    (driver,) = _json("manifest.json")["environmentDrivers"]
+    if driver.get("supportsInteractiveSetup"):
+        assert driver["interactiveSetupConnectionTypes"] == ["createos_shell"]
+    if driver.get("supportsTemplateCapture"):
+        assert driver["templateRefKind"] == "snapshot"
+        assert driver["templateConfigBinding"] == {
+            "field": "snapshot",
+            "unsetFields": ["rootfs", "rootfsByAdapter"],
+        }
+        assert driver["templateIdentityPaths"] == ["apiUrl"]
 
 
 def test_the_config_schema_describes_every_normalized_field() -> None:

@@ -7,19 +7,21 @@
   place where httpx exceptions become :mod:`provider.createos.errors`. Every request attempt,
   retries and stream opens included, first waits for its turn at the origin's
   :class:`~provider.createos.pacer.RequestPacer`. Redirects are never followed.
-- :mod:`provider.createos.sandboxes`: create, read, list, delete, pause, resume, exec.
+- :mod:`provider.createos.sandboxes`: create, read, list, delete, pause, resume, patch, fork,
+  egress, exec.
 - :mod:`provider.createos.processes`: managed processes, their stdin and the output stream.
 - :mod:`provider.createos.files`: upload and download of one file.
 
-New resources (egress rules, fork) get a module and a mixin of their own, added to the bases.
+New resources get a module and a mixin of their own, added to the bases.
 
 Retries (createos-api.md 1.8, "Our policy"; details in :mod:`provider.createos.core`): GET,
-DELETE and PUT of a replayable body are retried on transport errors and HTTP 408, 429, 500, 502,
-503, 504; POST only on 429 (the server provably did nothing), which also holds for sandbox and
-process creation. At most ``max_retries`` extra attempts, ``Retry-After`` first, otherwise an
-exponential backoff with jitter; a wait that would pass the caller's anyio deadline is not
-started. The output stream (``connect``) is never retried here (its reader reconnects); a
-download (``get_file``) is retried only while opening, never once its body has started.
+DELETE, PUT of a replayable body and PATCH (absolute values) are retried on transport errors and
+HTTP 408, 429, 500, 502, 503, 504; POST only on 429 (the server provably did nothing), which
+also holds for sandbox creation, fork and process creation. At most ``max_retries`` extra
+attempts, ``Retry-After`` first, otherwise an exponential backoff with jitter; a wait that
+would pass the caller's anyio deadline is not started. The output stream (``connect``) is never
+retried here (its reader reconnects); a download (``get_file``) is retried only while opening,
+never once its body has started.
 
 The names other modules import from here (constants included) are re-exported, so callers need
 not know which module holds them.

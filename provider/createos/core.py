@@ -8,9 +8,10 @@ attempt, retries and stream opens included, first waits for its turn at the orig
 :class:`~provider.createos.pacer.RequestPacer`; a 429 penalizes that pacer for every worker.
 Redirects are never followed.
 
-Retries (createos-api.md 1.8, "Our policy"): GET, DELETE and PUT of a replayable body are
-retried on transport errors and HTTP 408, 429, 500, 502, 503, 504; POST only on 429 (the server
-provably did nothing), which also holds for sandbox and process creation. At most
+Retries (createos-api.md 1.8, "Our policy"): GET, DELETE, PUT of a replayable body and PATCH
+(we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500, 502,
+503, 504; POST only on 429 (the server provably did nothing), which also holds for sandbox
+creation, fork and process creation. At most
 ``max_retries`` extra attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise
 ``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A wait that would pass the
 caller's anyio deadline is not started: the error is raised at once. A stream is retried only
@@ -272,7 +273,7 @@ class ClientCore:
         json: Any = None,
     ) -> Any:
         """A JSend call: retried per the method (see the module docstring); returns ``data``."""
-        idempotent = method in ("GET", "DELETE", "PUT")
+        idempotent = method in ("GET", "DELETE", "PUT", "PATCH")  # PATCH: absolute values only
         response = await self._call(
             method,
             url,

@@ -1,8 +1,11 @@
-"""Sandbox calls of the CreateOS client: create, read, list, delete, pause, resume and exec.
+"""Sandbox calls of the CreateOS client: create, read, list, delete, pause, resume, patch,
+fork and exec.
 
-createos-api.md sections on ``/sandboxes``. Creation and ``exec`` are POSTs, so they are
-repeated only on 429; reads, lists and deletes are retried like other idempotent calls
-(:mod:`provider.createos.core`). Every answer is checked to be about the sandbox asked for.
+createos-api.md sections on ``/sandboxes``. Creation, fork and ``exec`` are POSTs, so they are
+repeated only on 429 (a fork's bundle-window 409 is retried by its caller, which owns the
+deadline); reads, lists, deletes and PATCHes of absolute values are retried like other
+idempotent calls (:mod:`provider.createos.core`). Every answer is checked to be about the
+sandbox asked for.
 """
 
 from __future__ import annotations
@@ -130,6 +133,59 @@ class SandboxCalls(ClientCore):
             operation="set sandbox egress",
             json={"egress": list(egress)},
         )
+
+    async def patch_sandbox(
+        self,
+        sandbox_id: str,
+        *,
+        auto_pause_after_seconds: int | None = None,
+        disable_auto_pause: bool = False,
+        ingress_enabled: bool | None = None,
+    ) -> None:
+        """``PATCH /sandboxes/{id}`` with the given settings only (createos-api.md 3.7):
+        ``auto_pause_after_seconds`` arms the idle pause, ``disable_auto_pause`` disarms it."""
+        require_id(sandbox_id, "sandbox")
+        body: dict[str, Any] = {}
+        if auto_pause_after_seconds is not None:
+            body["auto_pause_after_seconds"] = auto_pause_after_seconds
+        if disable_auto_pause:
+            body["disable_auto_pause"] = True
+        if ingress_enabled is not None:
+            body["ingress_enabled"] = ingress_enabled
+        if not body:
+            raise ValueError("patch_sandbox needs at least one setting")
+        await self._json_call(
+            "PATCH", f"/sandboxes/{sandbox_id}", operation="update sandbox", json=body
+        )
+
+    async def fork_sandbox(
+        self,
+        source_id: str,
+        *,
+        start_paused: bool,
+        egress: Sequence[str],
+        ingress_enabled: bool,
+    ) -> tuple[str, str | None]:
+        """``POST /sandboxes/{id}/fork`` of a paused sandbox (createos-api.md 3.9): the new
+        sandbox's id and the status answered (None when unknown). ``egress`` is always sent:
+        an empty list would inherit the source's, so callers pass ``["*"]`` for allow-all.
+        409 raises Conflict (not durable yet, or not paused); retried only on 429."""
+        operation = "fork sandbox"
+        require_id(source_id, "sandbox")
+        body: dict[str, Any] = {
+            "start_paused": start_paused,
+            "egress": list(egress),
+            "ingress_enabled": ingress_enabled,
+        }
+        data = await self._json_call(
+            "POST", f"/sandboxes/{source_id}/fork", operation=operation, json=body
+        )
+        sandbox_id = data.get("id") if isinstance(data, dict) else None
+        if not is_valid_id(sandbox_id) or sandbox_id == source_id:
+            raise APIProtocolError(f"CreateOS {operation} answered without a new sandbox id.")
+        assert isinstance(sandbox_id, str)
+        status = data.get("status")
+        return sandbox_id, status if status in SANDBOX_STATES else None
 
     async def exec(
         self, sandbox_id: str, cmd: str, args: Sequence[str], *, stdin: str | None = None

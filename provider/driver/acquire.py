@@ -1,10 +1,12 @@
 """Acquire (provider-behavior.md 2.3): create a sandbox and prove it is ours.
 
 Acquire plans the sandbox (:mod:`provider.driver.placement`: egress, warm window, rootfs per
-adapter), creates it with a unique name token (``pc-<scope tag>-<uuid>``), waits for
-``running``, prepares the workspace and writes a random marker that resume reads back. Every
-refusal happens before the first HTTP request. Whatever fails after the create deletes the
-sandbox again; a create whose outcome is unknown is looked up by its name token and deleted.
+adapter, snapshot), creates it with a unique name token (``pc-<scope tag>-<uuid>``) or, when the
+environment is bound to a snapshot template, forks that (8.4, :mod:`provider.driver.forks`),
+waits for ``running``, prepares the workspace and writes a random marker that resume reads
+back. Every refusal happens before the first HTTP request. Whatever fails after the create or
+fork deletes the sandbox again; a create whose outcome is unknown is looked up by its name token
+and deleted. Setup sessions (:mod:`provider.driver.templates`) provision the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import APIStatusError, RateLimited
+from provider.driver.forks import fork_template
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams
 from provider.driver.placement import Placement, plan_placement
@@ -98,9 +101,16 @@ def disposable_placement(call: BoundCall) -> Placement:
 
 
 async def provision_sandbox(
-    client: CreateOSClient, call: BoundCall, journal: LeaseJournal, placement: Placement
+    client: CreateOSClient,
+    call: BoundCall,
+    journal: LeaseJournal,
+    placement: Placement,
+    *,
+    name: str | None = None,
 ) -> tuple[str, str]:
-    """Create a sandbox, bring it to ``running`` and prepare the workspace and marker.
+    """Create (or fork) a sandbox, bring it to ``running`` and prepare the workspace and marker;
+    returns its id and the marker. ``name``: the create's name token (default
+    ``pc-<scope tag>-<uuid>``); a fork takes none.
 
     Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
     (under a fresh, shielded deadline) before the error propagates. The create's name token is
@@ -109,7 +119,13 @@ async def provision_sandbox(
     cleanup that failed), the token is handed to recovery, which keeps looking for the sandbox
     on later calls with this origin and key (:meth:`LeaseJournal.abandon_create`).
     """
-    token = name_token(scope_tag(call.company_id, call.environment_id, call.config.api_url))
+    if placement.snapshot is not None:
+        sandbox_id, status = await fork_template(client, placement.snapshot, placement)
+        marker = await prepare_sandbox(
+            client, call, sandbox_id, status=status, patch=placement.window_patch()
+        )
+        return sandbox_id, marker
+    token = name or name_token(scope_tag(call.company_id, call.environment_id, call.config.api_url))
     key_hash = call.scope("").key_hash
     await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
     unresolved = False
@@ -119,7 +135,10 @@ async def provision_sandbox(
         unresolved = True
 
     try:
-        return await _provision(client, call, placement, token, mark_unresolved)
+        sandbox_id, status = await create_sandbox(
+            client, call, placement, token, on_unresolved=mark_unresolved
+        )
+        return sandbox_id, await prepare_sandbox(client, call, sandbox_id, status=status)
     except CleanupUnconfirmed:
         unresolved = True
         raise
@@ -129,19 +148,23 @@ async def provision_sandbox(
             await anyio.to_thread.run_sync(settle, token)
 
 
-async def _provision(
+async def prepare_sandbox(
     client: CreateOSClient,
     call: BoundCall,
-    placement: Placement,
-    token: str,
-    mark_unresolved: Callable[[], None],
-) -> tuple[str, str]:
-    sandbox_id, status = await create_sandbox(
-        client, call, placement, token, on_unresolved=mark_unresolved
-    )
+    sandbox_id: str,
+    *,
+    status: str | None,
+    patch: dict[str, Any] | None = None,
+) -> str:
+    """The guarded block of 2.3.4 on a sandbox just created or forked (``status``: what that
+    answered): wait for ``running``, apply ``patch`` (``patch_sandbox`` keywords; a fork's
+    window), prepare the workspace and write a fresh marker, which is returned. Any failure
+    deletes the sandbox before the error propagates."""
     try:
         if status != "running":  # a create that answered running needs no read to confirm it
             await transition(client, sandbox_id, "running")
+        if patch:
+            await client.patch_sandbox(sandbox_id, **patch)
         # One request prepares the workspace and writes the marker (36 bytes, no newline): the
         # marker is a fresh UUID (hex and dashes only), so it needs no quoting.
         marker = str(uuid.uuid4())
@@ -155,7 +178,7 @@ async def _provision(
     except BaseException as exc:
         await _delete_after_failure(client, sandbox_id, call, exc)
         raise
-    return sandbox_id, marker
+    return marker
 
 
 async def create_sandbox(

@@ -35,14 +35,14 @@ from provider.driver.sandbox_ops import (
     SandboxStateError,
     delete_sandbox_confirmed,
     read_status,
+    stop_every_tree,
     transition,
 )
 from provider.driver.tracker import ScopeKey
-from provider.errors import ProviderError, RequestRefused
+from provider.errors import RequestRefused
 
 MARKER_RE = re.compile(r"^[0-9a-f-]{36}$")
 RESUME_DEADLINE_CAP = 55.0
-KILL_GRACE_MS = 1000
 GONE: dict[str, Any] = {"providerLeaseId": None, "metadata": {"expired": True}}
 
 TeardownHook = Callable[[BoundCall, str], Awaitable[None]]
@@ -144,22 +144,9 @@ async def _stop_every_tree(runtime: DriverRuntime, client: CreateOSClient, scope
     """The warm path (2.10.4): the receipt says the run's execution ended, so every process
     tree still alive (a daemon a finished command left behind included) is killed and
     confirmed gone before the sandbox is left running; an unconfirmed kill refuses."""
-    sandbox_id = scope.lease_id
-    for view in await client.list_processes(sandbox_id):
-        if view.tree_exited:
-            continue
-        try:
-            killed = await client.delete_process(
-                sandbox_id, view.process_id, grace_ms=KILL_GRACE_MS
-            )
-            confirmed = killed.tree_exited
-        except NotFound:
-            confirmed = True
-        except ProviderError:
-            confirmed = False
-        if not confirmed:
-            await runtime.poison(scope)
-            _refuse_if_unconfirmed(runtime, scope)
+    if not await stop_every_tree(client, scope.lease_id):
+        await runtime.poison(scope)
+        _refuse_if_unconfirmed(runtime, scope)
 
 
 # -- realize -------------------------------------------------------------------------------

@@ -21,8 +21,10 @@ MethodHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 
-#: The verbs this worker implements: the environment verbs, then the login-terminal and
-#: duplex-channel groups (``supportedMethods`` lists them in this order).
+#: The verbs this worker implements: the environment verbs, the interactive-setup and template
+#: verbs (host-protocol.md 10.4; the host uses them only once the manifest declares the flags),
+#: then the login-terminal and duplex-channel groups (``supportedMethods`` lists them in this
+#: order).
 VERBS: tuple[str, ...] = (
     "environmentValidateConfig",
     "environmentProbe",
@@ -34,6 +36,11 @@ VERBS: tuple[str, ...] = (
     "environmentExecute",
     "environmentSyncIn",
     "environmentSyncOut",
+    "environmentStartInteractiveSetup",
+    "environmentGetInteractiveSetup",
+    "environmentCaptureTemplate",
+    "environmentCancelInteractiveSetup",
+    "environmentDeleteTemplate",
     "loginPtyOpen",
     "loginPtyInput",
     "loginPtyStop",

@@ -4,7 +4,9 @@ Every environment call carries ``{driverKey, companyId, environmentId, issueId?,
 lease-bearing calls add either ``providerLeaseId`` + ``leaseMetadata`` (resume, release,
 destroy) or a ``lease`` object (realize, execute, sync). Unknown keys are tolerated (the host
 adds new ones over time); wrong types are refused with :class:`InvalidParams` naming the field.
-``config`` stays a raw mapping here: ``provider.config.parse_config`` owns its rules.
+``config`` stays a raw mapping here: ``provider.config.parse_config`` owns its rules. The
+interactive-setup and template calls (host-protocol.md 10.4) carry ``providerLeaseId`` +
+``setupMetadata`` (get, capture, cancel) or ``templateRef`` + ``metadata`` (delete).
 """
 
 from __future__ import annotations
@@ -89,6 +91,46 @@ class SyncOperation(msgspec.Struct, kw_only=True):
 
 class SyncParams(LeaseParams, kw_only=True):
     operations: list[SyncOperation]
+
+
+class StartSetupParams(CallParams, kw_only=True):
+    """environmentStartInteractiveSetup (host-protocol.md 10.4)."""
+
+    sessionId: str | None = None
+    sourceTemplateRef: str | None = None
+    sourceTemplateKind: str | None = None
+    connectionExpiresInMinutes: int | float | None = None
+    expiresAt: str | None = None
+
+
+class SetupParams(CallParams, kw_only=True):
+    """The calls on a running setup session: get, capture, cancel."""
+
+    providerLeaseId: str | None = None
+    setupMetadata: dict[str, Any] | None = None
+
+
+class GetSetupParams(SetupParams, kw_only=True):
+    includeConnectionPayload: bool | None = None
+    connectionExpiresInMinutes: int | float | None = None
+
+
+class CaptureParams(SetupParams, kw_only=True):
+    sourceTemplateRef: str | None = None
+    previousTemplateRef: str | None = None
+    templateLabel: str | None = None
+    timeoutMs: int | float | None = None
+
+
+class CancelSetupParams(SetupParams, kw_only=True):
+    reason: str | None = None
+
+
+class DeleteTemplateParams(CallParams, kw_only=True):
+    templateRef: str
+    templateKind: str | None = None
+    metadata: dict[str, Any] | None = None
+    reason: str | None = None
 
 
 P = TypeVar("P", bound=msgspec.Struct)

@@ -8,10 +8,14 @@
 - **Warm window** (2.10): a reusable lease (reuse on, an execution workspace and an agent) is
   created with ``auto_pause_after_seconds`` when the window is at least 60 s, and released warm;
   with window 0 it is paused at release, as before. Disposable leases have no window.
-- **Rootfs per adapter** (2.11): ``rootfsByAdapter[adapterType]``, else ``rootfs``, else none.
+- **Rootfs per adapter** (2.11): ``rootfsByAdapter[adapterType]``, else ``rootfs``, else none;
+  none with a ``snapshot``.
+- **Snapshot** (8.4): a lease of an environment bound to a template forks that paused sandbox
+  instead of creating one. The fork always names its egress (``["*"]`` for allow-all, since an
+  empty list would inherit the template's) and sets the window by PATCH afterwards.
 
-A lease whose stored base list, window or rootfs no longer matches the current config is gone at
-resume (the host then acquires a fresh one), and is not kept at release.
+A lease whose stored base list, window, rootfs or snapshot no longer matches the current config
+is gone at resume (the host then acquires a fresh one), and is not kept at release.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Placement:
     effective_egress: tuple[str, ...]
     reusable: bool
     window: int | None  # autoPauseAfterSeconds of a reusable lease; None for a disposable one
+    snapshot: str | None = None  # the template sandbox a lease forks (8.4)
 
     def create_fields(self) -> dict[str, Any]:
         """What the create body adds: ``egress`` when restrictive, the window when warm."""
@@ -45,8 +50,20 @@ class Placement:
             fields["auto_pause_after_seconds"] = self.window
         return fields
 
+    def fork_egress(self) -> list[str]:
+        """The fork's ``egress`` (2.9.3): the effective list, or ``["*"]`` for allow-all."""
+        return list(self.effective_egress) or ["*"]
+
+    def window_patch(self) -> dict[str, Any]:
+        """The PATCH a fork gets (2.10.2), as :meth:`CreateOSClient.patch_sandbox` keywords: a
+        warm window arms the idle pause, anything else disarms the one the fork inherited."""
+        if self.window is not None and self.window >= MIN_AUTO_PAUSE_SECONDS:
+            return {"auto_pause_after_seconds": self.window}
+        return {"disable_auto_pause": True}
+
     def metadata(self) -> dict[str, Any]:
         return {
+            "snapshot": self.snapshot,
             "rootfs": self.rootfs,
             "adapterType": self.adapter_type,
             "reuseLease": self.reusable,
@@ -57,6 +74,8 @@ class Placement:
 
 
 def effective_rootfs(config: EnvironmentConfig, adapter_type: str | None) -> str | None:
+    if config.snapshot is not None:
+        return None  # the template is the image
     if adapter_type is not None and adapter_type in config.rootfs_by_adapter:
         return config.rootfs_by_adapter[adapter_type]
     return config.rootfs
@@ -117,6 +136,7 @@ def plan_placement(
         effective_egress=merge_egress(config.egress_allowlist, grants),
         reusable=reusable,
         window=config.auto_pause_after_seconds if reusable else None,
+        snapshot=config.snapshot,
     )
 
 
@@ -138,6 +158,8 @@ def placement_changed(config: EnvironmentConfig, metadata: Mapping[str, Any]) ->
     if adapter is not None and not isinstance(adapter, str):
         return True
     if metadata.get("shape") != config.shape or metadata.get("region") != config.region:
+        return True
+    if metadata.get("snapshot") != config.snapshot:
         return True
     if metadata.get("rootfs") != effective_rootfs(config, adapter):
         return True

@@ -1,9 +1,12 @@
-"""Sandbox state changes the lease logic builds on: waiting for a state, confirmed deletion.
+"""Sandbox state changes the lease logic builds on: waiting for a state, confirmed deletion,
+the process sweep.
 
 ``transition`` follows provider-behavior.md 2.2: read, submit pause/resume at most once when the
-current state allows it, keep polling through transitional states, and fail on a state from
-which the wanted one cannot be reached. ``delete_sandbox_confirmed`` follows the delete routine of
-2.5: a sandbox counts as gone only when the API says ``destroyed`` or 404.
+current state allows it, keep polling through transitional states (a fork's ``forking``
+included), and fail on a state from which the wanted one cannot be reached.
+``delete_sandbox_confirmed`` follows the delete routine of 2.5: a sandbox counts as gone only
+when the API says ``destroyed`` or 404. ``stop_every_tree`` is the sweep of 2.10.4 (the warm
+release, and capture in 8.3): every process tree still alive is killed and confirmed gone.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from provider.createos.models import SANDBOX_STATES
 from provider.errors import ProviderError
 
 POLL_INTERVAL = 0.25
-TRANSITIONAL = frozenset({"creating", "pausing", "resuming"})
+TRANSITIONAL = frozenset({"creating", "pausing", "resuming", "forking"})
+KILL_GRACE_MS = 1000
 
 
 class SandboxStateError(ProviderError):
@@ -81,3 +85,24 @@ async def delete_sandbox_confirmed(client: CreateOSClient, sandbox_id: str) -> N
             return
         # Any other status (a stale read right after the delete) keeps us polling; the
         # caller's deadline bounds the wait.
+
+
+async def stop_every_tree(client: CreateOSClient, sandbox_id: str) -> bool:
+    """Kill every listed process whose tree is alive (``DELETE ?grace_ms=1000``, 2.10.4): True
+    once each answered ``tree_exited: true`` (or 404); False at the first kill that could not
+    be confirmed (the caller decides what that poisons). Failures of the listing propagate."""
+    for view in await client.list_processes(sandbox_id):
+        if view.tree_exited:
+            continue
+        try:
+            killed = await client.delete_process(
+                sandbox_id, view.process_id, grace_ms=KILL_GRACE_MS
+            )
+            confirmed = killed.tree_exited
+        except NotFound:
+            confirmed = True
+        except ProviderError:
+            confirmed = False
+        if not confirmed:
+            return False
+    return True

@@ -17,7 +17,7 @@ import anyio
 
 from provider.config import validate_config
 from provider.createos.client import CreateOSClient
-from provider.driver import acquire, leases
+from provider.driver import acquire, leases, template_capture, templates
 from provider.driver.channels import DuplexChannels
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
 from provider.driver.interactive import Interactive
@@ -27,9 +27,14 @@ from provider.driver.login import LoginTerminals
 from provider.driver.params import (
     AcquireParams,
     CallParams,
+    CancelSetupParams,
+    CaptureParams,
+    DeleteTemplateParams,
     ExecuteParams,
+    GetSetupParams,
     LeaseIdParams,
     LeaseParams,
+    StartSetupParams,
     SyncParams,
     decode_params,
 )
@@ -74,6 +79,11 @@ class DriverService:
             "environmentExecute": self.execute,
             "environmentSyncIn": self.sync_in,
             "environmentSyncOut": self.sync_out,
+            "environmentStartInteractiveSetup": self.start_setup,
+            "environmentGetInteractiveSetup": self.get_setup,
+            "environmentCaptureTemplate": self.capture_template,
+            "environmentCancelInteractiveSetup": self.cancel_setup,
+            "environmentDeleteTemplate": self.delete_template,
             "loginPtyOpen": self.login.open,
             "loginPtyInput": self.login.input,
             "loginPtyStop": self.login.stop,
@@ -151,6 +161,38 @@ class DriverService:
         """Release and destroy: forget the lease, then close its terminals and channels."""
         self.interactive.forget(call, lease_id)
         await self.interactive.close_lease(LeaseRef(call.company_id, call.environment_id, lease_id))
+
+    # -- interactive setup and templates (8) -------------------------------------------------
+
+    async def start_setup(self, params: dict[str, Any]) -> dict[str, Any]:
+        method = "environmentStartInteractiveSetup"
+        return await templates.start_setup(
+            self.runtime, decode_params(params, StartSetupParams, method)
+        )
+
+    async def get_setup(self, params: dict[str, Any]) -> dict[str, Any]:
+        method = "environmentGetInteractiveSetup"
+        return await templates.get_setup(
+            self.runtime, decode_params(params, GetSetupParams, method)
+        )
+
+    async def capture_template(self, params: dict[str, Any]) -> dict[str, Any]:
+        method = "environmentCaptureTemplate"
+        return await template_capture.capture_template(
+            self.runtime, decode_params(params, CaptureParams, method)
+        )
+
+    async def cancel_setup(self, params: dict[str, Any]) -> dict[str, Any]:
+        method = "environmentCancelInteractiveSetup"
+        return await templates.cancel_setup(
+            self.runtime, decode_params(params, CancelSetupParams, method)
+        )
+
+    async def delete_template(self, params: dict[str, Any]) -> dict[str, Any]:
+        method = "environmentDeleteTemplate"
+        return await template_capture.delete_template(
+            self.runtime, decode_params(params, DeleteTemplateParams, method)
+        )
 
     # -- execute -----------------------------------------------------------------------------
 

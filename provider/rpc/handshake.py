@@ -16,7 +16,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Final
 
-# The order in which environment verbs are listed in ``supportedMethods``.
+# The order in which environment verbs are listed in ``supportedMethods``: the ten lease and
+# transfer verbs, then the interactive-setup and template verbs (host-protocol.md 10.1, 10.4).
 ENVIRONMENT_METHOD_ORDER: Final = (
     "environmentValidateConfig",
     "environmentProbe",
@@ -28,6 +29,11 @@ ENVIRONMENT_METHOD_ORDER: Final = (
     "environmentExecute",
     "environmentSyncIn",
     "environmentSyncOut",
+    "environmentStartInteractiveSetup",
+    "environmentGetInteractiveSetup",
+    "environmentCaptureTemplate",
+    "environmentCancelInteractiveSetup",
+    "environmentDeleteTemplate",
 )
 
 

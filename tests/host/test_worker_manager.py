@@ -6,6 +6,7 @@ tests are part of the normal suite and run in CI. They fail (never skip) when No
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,13 @@ ENVIRONMENT_VERBS = (
     "environmentSyncIn",
     "environmentSyncOut",
 )
+SETUP_VERBS = (  # listed before the flags are declared: the host gates on both (10.1)
+    "environmentStartInteractiveSetup",
+    "environmentGetInteractiveSetup",
+    "environmentCaptureTemplate",
+    "environmentCancelInteractiveSetup",
+    "environmentDeleteTemplate",
+)
 INTERACTIVE_VERBS = (
     "loginPtyOpen",
     "loginPtyInput",
@@ -47,6 +55,17 @@ INTERACTIVE_VERBS = (
     "duplexChannelStop",
     "duplexChannelClose",
 )
+#: The driver declarations of interactive setup and templates, to add to manifest.json once the
+#: attach helper (python -m provider shell) ships.
+TEMPLATE_FLAGS = {
+    "supportsInteractiveSetup": True,
+    "interactiveSetupConnectionTypes": ["createos_shell"],
+    "supportsTemplateCapture": True,
+    "templateRefKind": "snapshot",
+    "templateConfigBinding": {"field": "snapshot", "unsetFields": ["rootfs", "rootfsByAdapter"]},
+    "templateIdentityPaths": ["apiUrl"],
+    "supportsTemplateDelete": True,
+}
 EXIT_GUARD_S = 15.0  # the manager's own stop escalation is bounded by 10 s + 0.5 s + 5 s
 
 
@@ -76,7 +95,7 @@ async def test_the_host_loads_our_package_starts_serves_and_stops_the_worker(
     expected = list(build_dispatcher().supported_methods)
     assert info.supported_methods == expected
     assert "environmentValidateConfig" in expected
-    known = (*ENVIRONMENT_VERBS, *INTERACTIVE_VERBS)
+    known = (*ENVIRONMENT_VERBS, *SETUP_VERBS, *INTERACTIVE_VERBS)
     assert expected == [verb for verb in known if verb in expected]
 
     shim_pid = peer.shim_pid()
@@ -190,6 +209,23 @@ async def test_an_unknown_driver_key_fails_the_hosts_manifest_validation(
     )
     with pytest.raises(PeerCallError):
         await peer.start_worker(package_root=root)
+
+
+async def test_the_template_flags_to_declare_pass_the_hosts_manifest_validation(
+    peer: HostPeer, tmp_path: Path
+) -> None:
+    """The interactive-setup and template declarations (host-protocol.md 10.1) that ship once
+    the attach helper does: the real host accepts them, and the worker serves their verbs."""
+    root = _package_copy(tmp_path)
+    manifest = json.loads((root / "manifest.json").read_text())
+    (driver,) = manifest["environmentDrivers"]
+    # whatever is declared already agrees with what is declared here
+    assert {key: driver.get(key, value) for key, value in TEMPLATE_FLAGS.items()} == TEMPLATE_FLAGS
+    driver.update(TEMPLATE_FLAGS)
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    info = await peer.start_worker(package_root=root)
+    assert set(SETUP_VERBS) <= set(info.supported_methods)
+    await peer.stop_worker()
 
 
 async def test_a_package_copy_elsewhere_runs_its_own_shim(peer: HostPeer, tmp_path: Path) -> None:
