@@ -62,7 +62,7 @@ def assert_full_walk(out: str, *, api_view: bool = True) -> None:
     expected_in_order = [
         "[ 1] Start the CreateOS endpoint",
         "[ 2] Start the worker under the host",
-        "18 supported methods",
+        "23 supported methods",
         "bad config    refused with 2 errors",
         "summary       Created a s-1vcpu-1gb CreateOS sandbox",
         "[ 5] Acquire a reusable lease",
