@@ -58,8 +58,7 @@ def test_declared_interactive_features_match_the_served_verb_groups() -> None:
     """A flag without its verbs makes the host's close fail and kill the worker (login PTY,
     duplex) or its setup calls fail with 422; verbs without the flag are never used
     (host-protocol.md 10.1). Each group is served whole or not at all, and every declared
-    flag has its verbs. The login and duplex groups ship, so their flags are declared too;
-    the setup and template verbs are served before their flags are declared."""
+    flag has its verbs. Every group ships, so every served group has its flag declared."""
     from provider.driver.methods import VERBS
 
     (driver,) = _json("manifest.json")["environmentDrivers"]
@@ -86,27 +85,32 @@ def test_declared_interactive_features_match_the_served_verb_groups() -> None:
     for flag, verbs in groups.items():
         served = [verb in VERBS for verb in verbs]
         assert all(served) == any(served), flag  # a group is served whole
-        if declared[flag]:
-            assert all(served), flag
-    for shipped in ("supportsLoginPty", "duplexCommandStream"):
-        assert declared[shipped], shipped
+        assert declared[flag] == all(served), flag  # a flag exactly when its verbs are served
+    assert all(declared.values()), declared  # every group ships
     # capture and delete happen only within setup sessions
     if declared["supportsTemplateCapture"] or declared["supportsTemplateDelete"]:
         assert declared["supportsInteractiveSetup"]
 
 
-def test_template_declarations_name_our_connection_and_binding_when_declared() -> None:
-    """Once the setup flags ship (host-protocol.md 10.1), their companions must be ours."""
+def test_template_declarations_name_our_connection_and_binding() -> None:
+    """The setup and template flags and their companions (host-protocol.md 10.1,
+    provider-behavior.md 8): our connection type, the snapshot binding that unsets the image
+    fields, and the API URL as the template's identity."""
     (driver,) = _json("manifest.json")["environmentDrivers"]
-    if driver.get("supportsInteractiveSetup"):
-        assert driver["interactiveSetupConnectionTypes"] == ["createos_shell"]
-    if driver.get("supportsTemplateCapture"):
-        assert driver["templateRefKind"] == "snapshot"
-        assert driver["templateConfigBinding"] == {
-            "field": "snapshot",
-            "unsetFields": ["rootfs", "rootfsByAdapter"],
-        }
-        assert driver["templateIdentityPaths"] == ["apiUrl"]
+    assert driver["supportsInteractiveSetup"] is True
+    assert driver["interactiveSetupConnectionTypes"] == ["createos_shell"]
+    assert driver["supportsTemplateCapture"] is True
+    assert driver["templateRefKind"] == "snapshot"
+    assert driver["templateConfigBinding"] == {
+        "field": "snapshot",
+        "unsetFields": ["rootfs", "rootfsByAdapter"],
+    }
+    assert driver["templateIdentityPaths"] == ["apiUrl"]
+    assert driver["supportsTemplateDelete"] is True
+    properties = driver["configSchema"]["properties"]
+    binding = driver["templateConfigBinding"]
+    for field in (binding["field"], *binding["unsetFields"], *driver["templateIdentityPaths"]):
+        assert field in properties, field  # the binding names fields the config has
 
 
 def test_the_config_schema_describes_every_normalized_field() -> None:
