@@ -41,6 +41,29 @@ def fail(message):
     sys.exit(EXIT_UNUSABLE)
 
 
+def platform_key():
+    # type: () -> str
+    """The runtime packages' platform key (what shim.mjs computes), for a start by hand."""
+    machine = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        os.uname()[4].lower(), os.uname()[4].lower()
+    )
+    system = os.uname()[0].lower()  # not sys.platform: type checkers fold that to one branch
+    if system == "linux":
+        musl = any(
+            os.path.exists(p) for p in ("/lib/ld-musl-x86_64.so.1", "/lib/ld-musl-aarch64.so.1")
+        )
+        return "linux-%s-%s" % (machine, "musl" if musl else "gnu")
+    return "%s-%s" % (system, machine)
+
+
+def sibling_runtime(package, platform):
+    # type: (str, str) -> str
+    """Run by hand (the attach helper: python3 -I <package>/python/bootstrap.py shell ...),
+    nobody resolved the runtime package: look for it beside ours in node_modules."""
+    candidate = os.path.join(os.path.dirname(package), "paperclip-createos-runtime-" + platform)
+    return candidate if os.path.isdir(candidate) else ""
+
+
 def main():
     # type: () -> None
     version = sys.version_info
@@ -52,8 +75,8 @@ def main():
         )
     here = os.path.dirname(os.path.abspath(__file__))
     package = os.path.dirname(here)
-    platform = os.environ.get("PAPERCLIP_CREATEOS_PLATFORM") or sys.platform
-    runtime = os.environ.get("PAPERCLIP_CREATEOS_RUNTIME") or ""
+    platform = os.environ.get("PAPERCLIP_CREATEOS_PLATFORM") or platform_key()
+    runtime = os.environ.get("PAPERCLIP_CREATEOS_RUNTIME") or sibling_runtime(package, platform)
     if not runtime or not os.path.isdir(runtime):
         if platform in SHIPPED:
             fail(

@@ -55,8 +55,7 @@ INTERACTIVE_VERBS = (
     "duplexChannelStop",
     "duplexChannelClose",
 )
-#: The driver declarations of interactive setup and templates, to add to manifest.json once the
-#: attach helper (python -m provider shell) ships.
+#: The driver declarations of interactive setup and templates that manifest.json declares.
 TEMPLATE_FLAGS = {
     "supportsInteractiveSetup": True,
     "interactiveSetupConnectionTypes": ["createos_shell"],
@@ -214,8 +213,8 @@ async def test_an_unknown_driver_key_fails_the_hosts_manifest_validation(
 async def test_the_template_flags_to_declare_pass_the_hosts_manifest_validation(
     peer: HostPeer, tmp_path: Path
 ) -> None:
-    """The interactive-setup and template declarations (host-protocol.md 10.1) that ship once
-    the attach helper does: the real host accepts them, and the worker serves their verbs."""
+    """The interactive-setup and template declarations (host-protocol.md 10.1): the real host
+    accepts them, and the worker serves their verbs."""
     root = _package_copy(tmp_path)
     manifest = json.loads((root / "manifest.json").read_text())
     (driver,) = manifest["environmentDrivers"]
