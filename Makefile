@@ -82,3 +82,4 @@ bench: setup
 	$(PY) bench/connections.py
 	$(PY) bench/duplex.py
 	$(PY) bench/heartbeat.py
+	$(PY) bench/template_acquire.py
