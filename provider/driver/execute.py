@@ -28,6 +28,7 @@ from provider.createos.errors import APIStatusError, Conflict, MalformedFrame, N
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.driver.output import StreamDecoder, TailBuffer
+from provider.driver.sandbox_ops import kill_tree
 from provider.driver.shell import StdinMode, build_wrapper_script, validate_env
 from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError
 
@@ -43,7 +44,6 @@ class ProcessRecord(Protocol):
 
 
 GATE_SLACK_SECONDS = 20  # the start gate's bounded wait: the command timeout plus this
-KILL_GRACE_MS = 1000
 MAX_TIMEOUT_MS = 86_400_000
 
 
@@ -231,7 +231,7 @@ async def _cleanup(
         with anyio.move_on_after(cleanup_timeout):
             if run.process_id is not None and run.exit is None:
                 confirmed = False  # stays False if the deadline ends the kill
-                confirmed = await _kill_tree(client, sandbox_id, run.process_id)
+                confirmed = await kill_tree(client, sandbox_id, run.process_id)
             if confirmed and record is not None and run.process_id is not None:
                 await record.ended(run.process_id)
         if stdin_path is not None and run.exit is None:
@@ -247,13 +247,3 @@ async def _cleanup(
             f"Stopping the command's process tree ({run.process_id}) could not be confirmed; it "
             "may still be running. Destroy the lease to recover."
         )
-
-
-async def _kill_tree(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:
-    try:
-        view = await client.delete_process(sandbox_id, process_id, grace_ms=KILL_GRACE_MS)
-    except NotFound:
-        return True
-    except ProviderError:
-        return False
-    return view.tree_exited

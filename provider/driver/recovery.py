@@ -19,10 +19,9 @@ from typing import Any
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.createos.errors import NotFound
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import BoundCall, DriverRuntime, owned_scope
-from provider.driver.sandbox_ops import delete_sandbox_confirmed
+from provider.driver.sandbox_ops import delete_sandbox_confirmed, kill_tree
 from provider.driver.tracker import ScopeKey
 from provider.errors import ProviderError
 
@@ -44,7 +43,7 @@ async def recover_orphans(runtime: DriverRuntime, call: BoundCall) -> None:
     async with runtime.client_factory(call.config, call.api_key) as client:
         with anyio.move_on_after(RECOVERY_BUDGET):
             for orphan in processes:
-                killed = await _kill(client, orphan.scope.lease_id, orphan.process_id)
+                killed = await kill_tree(client, orphan.scope.lease_id, orphan.process_id)
                 if killed:
                     await anyio.to_thread.run_sync(journal.remove_process, orphan.process_id)
                 else:
@@ -66,16 +65,6 @@ async def claim_lease(
     await recover_orphans(runtime, call)
     await runtime.load_poison(scope)
     return scope
-
-
-async def _kill(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:
-    try:
-        view = await client.delete_process(sandbox_id, process_id, grace_ms=1000)
-    except NotFound:
-        return True  # the process or its whole sandbox is gone
-    except ProviderError:
-        return False
-    return view.tree_exited
 
 
 async def _reap_creates(client: CreateOSClient, journal: LeaseJournal, tokens: set[str]) -> None:

@@ -87,22 +87,24 @@ async def delete_sandbox_confirmed(client: CreateOSClient, sandbox_id: str) -> N
         # caller's deadline bounds the wait.
 
 
+async def kill_tree(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:
+    """``DELETE ?grace_ms=1000`` of one process tree: True once CreateOS confirms the tree gone
+    (``tree_exited: true``, or 404: the process or its sandbox is gone), False when that could
+    not be confirmed (any other failure)."""
+    try:
+        view = await client.delete_process(sandbox_id, process_id, grace_ms=KILL_GRACE_MS)
+    except NotFound:
+        return True
+    except ProviderError:
+        return False
+    return view.tree_exited
+
+
 async def stop_every_tree(client: CreateOSClient, sandbox_id: str) -> bool:
     """Kill every listed process whose tree is alive (``DELETE ?grace_ms=1000``, 2.10.4): True
     once each answered ``tree_exited: true`` (or 404); False at the first kill that could not
     be confirmed (the caller decides what that poisons). Failures of the listing propagate."""
     for view in await client.list_processes(sandbox_id):
-        if view.tree_exited:
-            continue
-        try:
-            killed = await client.delete_process(
-                sandbox_id, view.process_id, grace_ms=KILL_GRACE_MS
-            )
-            confirmed = killed.tree_exited
-        except NotFound:
-            confirmed = True
-        except ProviderError:
-            confirmed = False
-        if not confirmed:
+        if not view.tree_exited and not await kill_tree(client, sandbox_id, view.process_id):
             return False
     return True

@@ -32,20 +32,19 @@ import anyio
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import (
     APIStatusError,
-    NotFound,
     ReconnectBudgetExhausted,
 )
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.driver.execute import ProcessRecord
 from provider.driver.registry import LeaseRef
+from provider.driver.sandbox_ops import kill_tree
 from provider.driver.tracker import ScopeKey
 from provider.errors import CleanupUnconfirmed, ProviderError
 
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 
-KILL_GRACE_MS = 1000
 STOP_DEADLINE = 8.0  # a stop's own fresh deadline (the host waits 10 s for a close)
 EXIT_DEADLINE = 5.0  # flushing output and sending the exit after the reader ended
 OPEN_DEADLINE_CAP = 25.0  # the host waits 30 s for an open
@@ -248,15 +247,7 @@ class RemoteSession:
     async def _kill(self) -> bool:
         """DELETE the tree; True once it is confirmed gone (and forgotten by the journal)."""
         assert self.process_id is not None
-        try:
-            view = await self.client.delete_process(
-                self.scope.lease_id, self.process_id, grace_ms=KILL_GRACE_MS
-            )
-            confirmed = view.tree_exited
-        except NotFound:
-            confirmed = True
-        except ProviderError:
-            confirmed = False
+        confirmed = await kill_tree(self.client, self.scope.lease_id, self.process_id)
         if confirmed:
             with contextlib.suppress(OSError):
                 await self.record.ended(self.process_id)
