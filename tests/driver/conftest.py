@@ -39,15 +39,18 @@ def unpaced_client(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
 
 @dataclass
 class FakeClock:
-    """Wall and monotonic time that start at the real values and move only by ``advance``."""
+    """Wall and monotonic time frozen at the real values of its creation; only ``advance``
+    moves them, so a slow machine cannot carry a test across a bound it did not advance to."""
 
     offset: float = 0.0
+    start_wall: float = field(default_factory=time.time)
+    start_monotonic: float = field(default_factory=time.monotonic)
 
     def wall(self) -> float:
-        return time.time() + self.offset
+        return self.start_wall + self.offset
 
     def monotonic(self) -> float:
-        return time.monotonic() + self.offset
+        return self.start_monotonic + self.offset
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
