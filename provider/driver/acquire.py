@@ -64,6 +64,11 @@ async def acquire(
     async with runtime.client_factory(call.config, call.api_key) as client:
         with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
             sandbox_id, marker = await provision_sandbox(client, call, runtime.journal, placement)
+    if placement.reusable and placement.snapshot is not None:  # a fork: no name to find it by
+        tag = scope_tag(call.company_id, call.environment_id, call.config.api_url)
+        await anyio.to_thread.run_sync(
+            runtime.journal.add_kept_fork, tag, call.scope("").key_hash, sandbox_id
+        )
     if placement.reusable and on_reusable is not None:
         on_reusable(call, sandbox_id)
     return {

@@ -16,6 +16,8 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import NotFound
 from provider.driver.acquire import MARKER_PATH, LeaseHook
@@ -116,6 +118,7 @@ async def release(
             with deadline(call.timeout, "Deleting the CreateOS sandbox"):
                 await delete_sandbox_confirmed(client, sandbox_id)
             await runtime.clear_poison(scope)
+            await anyio.to_thread.run_sync(runtime.journal.remove_kept_fork, sandbox_id)
             return {"providerLeaseId": sandbox_id, "state": "destroyed"}
         _refuse_if_unconfirmed(runtime, scope)
         try:

@@ -4,8 +4,10 @@ The host resumes a released lease only for the same execution workspace, so with
 every kept sandbox of a finished workspace would stay paused, and billed, forever. After a
 successful acquire of a reusable lease and after a release that kept its sandbox, the reaper
 sweeps that environment: it lists the paused sandboxes (all pages), keeps to this environment's
-own (named ``pc-<scope tag>-<uuid>``, :mod:`provider.driver.reuse`) and deletes those idle
-longer than ``reuseMaxIdleSeconds``, then the oldest beyond ``reuseMaxKeptSandboxes``.
+own (named ``pc-<scope tag>-<uuid>``, :mod:`provider.driver.reuse`, or a reusable lease forked
+from a template, which takes no name and is known from the journal's ``kept_forks``) and
+deletes those idle longer than ``reuseMaxIdleSeconds``, then the oldest beyond
+``reuseMaxKeptSandboxes``.
 
 - **Off the critical path**: the sweep runs in :class:`~provider.driver.background.BackgroundTasks`;
   the call that triggered it has already answered. Shutdown cancels it.
@@ -29,6 +31,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, Final
+
+import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.driver.reuse import ReapChoice, scope_tag, select_for_reaping
@@ -128,6 +132,9 @@ class Reaper:
                     await self._warn(f"Could not list the kept CreateOS sandboxes: {exc}")
                     return deleted
                 config = call.config
+                forks = await anyio.to_thread.run_sync(
+                    self.runtime.journal.kept_forks, _tag(call), call.scope("").key_hash
+                )
                 choices = select_for_reaping(
                     views,
                     tag=_tag(call),
@@ -136,6 +143,7 @@ class Reaper:
                     max_kept=config.reuse_max_kept_sandboxes,
                     current=current,
                     current_kept=current_kept,
+                    forks=forks,
                 )
                 for choice in choices:
                     if choice.sandbox_id in spared or choice.sandbox_id in self._busy:
@@ -157,6 +165,7 @@ class Reaper:
                 "sweep tries again."
             )
             return False
+        await anyio.to_thread.run_sync(self.runtime.journal.remove_kept_fork, sandbox_id)
         await self.log(
             "info",
             f"Deleted kept CreateOS sandbox {sandbox_id} of this environment ({choice.reason}).",

@@ -94,17 +94,20 @@ def select_for_reaping(
     max_kept: int,
     current: str,
     current_kept: bool,
+    forks: frozenset[str] = frozenset(),
 ) -> list[ReapChoice]:
     """The kept sandboxes of scope ``tag`` to delete, idle ones first, then oldest first.
 
-    Kept = named :func:`is_ours` with ``tag`` and ``paused``. ``current`` (the lease being
-    acquired or released) is never chosen; when ``current_kept`` it counts toward the cap even
-    if the listing does not show it paused yet. A sandbox without a readable time is never
-    idle and counts as the newest. ``max_idle_seconds`` / ``max_kept`` of 0 mean no bound.
+    Kept = ``paused`` and named :func:`is_ours` with ``tag``, or one of ``forks`` (the ids of
+    this scope's reusable leases forked from a template, which take no name). ``current`` (the
+    lease being acquired or released) is never chosen; when ``current_kept`` it counts toward
+    the cap even if the listing does not show it paused yet. A sandbox without a readable time
+    is never idle and counts as the newest. ``max_idle_seconds`` / ``max_kept`` of 0 mean no
+    bound.
     """
     kept: dict[str, _Kept] = {}
     for view in views:
-        if view.status == "paused" and is_ours(view.name, tag):
+        if view.status == "paused" and (is_ours(view.name, tag) or view.id in forks):
             since = parse_time(view.paused_at)
             if since is None:
                 since = parse_time(view.created_at)

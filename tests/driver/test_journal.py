@@ -19,13 +19,13 @@ import pytest
 
 from provider.createos.client import CreateOSClient
 from provider.driver import journal as journal_module
-from provider.driver.journal import (
+from provider.driver import owners as owners_module
+from provider.driver.journal import LeaseJournal, default_state_dir
+from provider.driver.owners import (
     ABANDONED,
-    LeaseJournal,
     Owner,
     ProcStat,
     current_owner,
-    default_state_dir,
     owner_alive,
     parse_owner,
     parse_proc_stat,
@@ -167,7 +167,7 @@ def test_an_owner_recorded_before_a_reboot_is_dead(monkeypatch: pytest.MonkeyPat
     before_reboot = f"{os.getpid()}:{start}:{uuid.uuid4()}"  # same pid and start tick by chance
     assert owner_alive(f"{os.getpid()}:{start}:{BOOT_ID}")
     assert not owner_alive(before_reboot)
-    monkeypatch.setattr(journal_module, "_boot_id", lambda: None)
+    monkeypatch.setattr(owners_module, "_boot_id", lambda: None)
     assert owner_alive(before_reboot)  # no boot id to compare: judged by pid and start time
 
 
@@ -360,3 +360,18 @@ async def test_next_call_removes_a_crashed_transfers_temp_folder(
     lease = await fresh.acquire({**h.call(), "runId": "r"})
     assert not leftover.exists()
     await fresh.destroy(h.lease_ref(lease))
+
+
+def test_kept_forks_are_scoped_and_capped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(journal_module, "KEPT_FORKS_CAP", 3)
+    journal = LeaseJournal(tmp_path / "leases.sqlite3")
+    for n in range(5):
+        journal.add_kept_fork("tag-a", "key-1", f"sb_{n}")
+    journal.add_kept_fork("tag-b", "key-1", "sb_other_env")
+    journal.add_kept_fork("tag-a", "key-2", "sb_other_key")
+    assert journal.kept_forks("tag-b", "key-1") == {"sb_other_env"}
+    assert journal.kept_forks("tag-a", "key-2") == {"sb_other_key"}
+    assert journal.kept_forks("tag-a", "key-1") == {"sb_4"}  # the newest three rows in all
+    journal.remove_kept_fork("sb_4")
+    journal.close()
+    assert LeaseJournal(tmp_path / "leases.sqlite3").kept_forks("tag-a", "key-1") == frozenset()

@@ -324,3 +324,37 @@ async def test_resume_of_a_reaped_lease_answers_gone_without_deleting(harness: H
     resumed = await h.methods.resume(h.lease_ref(reaped, reuseLease=True, **config))
     assert resumed == GONE
     assert deletes(await requests(h, since)) == set()
+
+
+# -- kept forks of a template: no name, known from the journal -------------------------------
+
+
+async def test_kept_forks_of_a_template_are_bounded_like_named_leases(harness: Harness) -> None:
+    h = harness
+    config: dict[str, Any] = {"reuseMaxIdleSeconds": 600}
+    async with api_client(h) as client:
+        template = await kept_sandbox(client, "pc-setup-template")
+        decoy, _ = await client.fork_sandbox(  # a fork this worker never kept: not ours
+            template, start_paused=True, egress=["*"], ingress_enabled=False
+        )
+        await transition(client, decoy, "paused")
+    fork = await keep(h, snapshot=template, **config)
+    fork_id = fork["providerLeaseId"]
+    assert fork["metadata"]["snapshot"] == template
+    assert not re.fullmatch(NAME_RE, (await names(h))[fork_id])  # a fork takes no name of ours
+    journal = h.methods.runtime.journal
+    key_hash = hashlib.sha256(b"test-key").hexdigest()
+    assert fork_id in journal.kept_forks(tag_of(h), key_hash)
+
+    h.clock.advance(661)  # past the idle bound and the once-a-minute rule
+    current = await h.acquire(reuseLease=True, snapshot=template, **config)
+    await h.settle()
+    live = await statuses(h)
+    assert fork_id not in live
+    assert live[template] == "paused" and live[decoy] == "paused"
+    assert live[current["providerLeaseId"]] == "running"
+    assert journal.kept_forks(tag_of(h), key_hash) == {current["providerLeaseId"]}
+
+    receipt = await h.methods.destroy(h.lease_ref(current, reuseLease=True, snapshot=template))
+    assert receipt is not None and receipt["state"] == "destroyed"
+    assert journal.kept_forks(tag_of(h), key_hash) == frozenset()
