@@ -19,15 +19,18 @@ whose owner is no longer alive was left by a crashed worker: the next call that 
 API origin and key cleans it up (see :mod:`provider.driver.recovery`). :func:`owner_alive` says
 when an owner is gone; a killed worker its parent has not reaped yet (a zombie) is gone.
 
-The state folder is ``$XDG_STATE_HOME/paperclip-createos`` when that variable is set, else
-``.state/`` inside the plugin's own directory (the host gives the worker no HOME). Resetting it
-is deleting that folder while no worker runs. No secret is stored: API keys appear only as
-SHA-256 hashes. All methods are blocking; callers run them in worker threads.
+The state folder is the first writable of ``$XDG_STATE_HOME/paperclip-createos``,
+``<home>/.local/state/paperclip-createos`` (``$HOME``, else the account's home: the host gives
+the worker no HOME) and ``.state/`` inside the plugin's own directory, which an upgrade replaces
+(:func:`state_dirs`). Resetting it is deleting that folder while no worker runs. No secret is
+stored: API keys appear only as SHA-256 hashes. All methods are blocking; callers run them in
+worker threads.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import sqlite3
 import sys
 import threading
@@ -61,12 +64,35 @@ KEPT_FORKS_CAP = 10_000
 """Rows of ``kept_forks`` kept (newest first): a fork deleted behind our back leaves its row."""
 
 
-def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+def state_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Where the journal may live, best first (see the module docstring)."""
     env = os.environ if environ is None else environ
+    found: list[Path] = []
     xdg = env.get("XDG_STATE_HOME", "").strip()
     if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "paperclip-createos"
-    return Path(__file__).resolve().parents[2] / ".state"
+        found.append(Path(xdg) / "paperclip-createos")
+    home = _home(env)
+    if home is not None:
+        found.append(home / ".local" / "state" / "paperclip-createos")
+    found.append(Path(__file__).resolve().parents[2] / ".state")
+    return list(dict.fromkeys(found))
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    return state_dirs(environ)[0]
+
+
+def _home(env: Mapping[str, str]) -> Path | None:
+    """``$HOME``, else the account's home from the password database (the host gives the worker
+    no ``HOME``); None when neither is an absolute path."""
+    text = env.get("HOME", "").strip()
+    if not text:
+        try:
+            text = pwd.getpwuid(os.getuid()).pw_dir
+        except (KeyError, OSError):
+            return None
+    path = Path(text)
+    return path if path.is_absolute() and path != Path("/") else None
 
 
 @dataclass(frozen=True)
@@ -93,10 +119,6 @@ class LeaseJournal:
             db.executescript(SCHEMA)
         if path is not None:
             path.chmod(0o600)
-
-    @classmethod
-    def open_default(cls, environ: Mapping[str, str] | None = None) -> LeaseJournal:
-        return cls(default_state_dir(environ) / "leases.sqlite3")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -237,17 +259,19 @@ class LeaseJournal:
 
 
 def open_journal(environ: Mapping[str, str] | None = None) -> LeaseJournal:
-    """The durable journal in the default state folder; in memory (with a warning on stderr)
-    when that folder cannot be used, so a read-only install still serves."""
-    try:
-        return LeaseJournal.open_default(environ)
-    except (OSError, sqlite3.Error) as exc:
-        print(
-            f"paperclip-createos: lease state is kept in memory only ({type(exc).__name__}: "
-            "the state folder is not writable); set XDG_STATE_HOME to a writable folder.",
-            file=sys.stderr,
-        )
-        return LeaseJournal(None)
+    """The durable journal in the first usable state folder of :func:`state_dirs`; in memory
+    (with a warning on stderr) when none can be used, so a read-only install still serves."""
+    for folder in state_dirs(environ):
+        try:
+            return LeaseJournal(folder / "leases.sqlite3")
+        except (OSError, sqlite3.Error):
+            continue
+    print(
+        "paperclip-createos: lease state is kept in memory only (no state folder is "
+        "writable); set XDG_STATE_HOME to a writable folder.",
+        file=sys.stderr,
+    )
+    return LeaseJournal(None)
 
 
 def _scope_row(scope: ScopeKey) -> tuple[str, str, str, str, str]:
