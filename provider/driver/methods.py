@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from provider.verbs import SERVED_VERBS
+
 if TYPE_CHECKING:
     from provider.driver.background import BackgroundTasks
     from provider.driver.service import DriverService
@@ -25,31 +27,7 @@ Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 #: verbs (host-protocol.md 10.4; the host uses them only once the manifest declares the flags),
 #: then the login-terminal and duplex-channel groups (``supportedMethods`` lists them in this
 #: order).
-VERBS: tuple[str, ...] = (
-    "environmentValidateConfig",
-    "environmentProbe",
-    "environmentAcquireLease",
-    "environmentResumeLease",
-    "environmentReleaseLease",
-    "environmentDestroyLease",
-    "environmentRealizeWorkspace",
-    "environmentExecute",
-    "environmentSyncIn",
-    "environmentSyncOut",
-    "environmentStartInteractiveSetup",
-    "environmentGetInteractiveSetup",
-    "environmentCaptureTemplate",
-    "environmentCancelInteractiveSetup",
-    "environmentDeleteTemplate",
-    "loginPtyOpen",
-    "loginPtyInput",
-    "loginPtyStop",
-    "loginPtyClose",
-    "duplexChannelOpen",
-    "duplexChannelWrite",
-    "duplexChannelStop",
-    "duplexChannelClose",
-)
+VERBS: tuple[str, ...] = SERVED_VERBS
 
 _service: DriverService | None = None
 _background: BackgroundTasks | None = None

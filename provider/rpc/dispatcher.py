@@ -34,8 +34,9 @@ from provider.errors import InvalidParams, ProviderError
 from provider.replies import AfterReply
 from provider.rpc import wire
 from provider.rpc.calllog import CallLog
-from provider.rpc.handshake import ENVIRONMENT_METHOD_ORDER, supported_methods
+from provider.rpc.handshake import supported_methods
 from provider.rpc.stdio import LineReader
+from provider.verbs import SERVED_VERBS
 
 if TYPE_CHECKING:  # imported lazily: keeps start-up fast
     from anyio.streams.memory import MemoryObjectSendStream
@@ -60,20 +61,7 @@ SDK_OPTIONAL_METHODS: Final = frozenset(
         "resolveExternalObject",
         "refreshExternalObjects",
         "environmentRunnerIngressEndpoint",
-        "environmentStartInteractiveSetup",
-        "environmentGetInteractiveSetup",
-        "environmentCaptureTemplate",
-        "environmentCancelInteractiveSetup",
-        "environmentDeleteTemplate",
-        "loginPtyOpen",
-        "loginPtyInput",
-        "loginPtyStop",
-        "loginPtyClose",
-        "duplexChannelOpen",
-        "duplexChannelWrite",
-        "duplexChannelStop",
-        "duplexChannelClose",
-        *ENVIRONMENT_METHOD_ORDER,
+        *SERVED_VERBS,
     }
 )
 

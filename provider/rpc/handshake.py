@@ -16,38 +16,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Final
 
-# The order in which environment verbs are listed in ``supportedMethods``: the ten lease and
-# transfer verbs, then the interactive-setup and template verbs (host-protocol.md 10.1, 10.4).
-ENVIRONMENT_METHOD_ORDER: Final = (
-    "environmentValidateConfig",
-    "environmentProbe",
-    "environmentAcquireLease",
-    "environmentResumeLease",
-    "environmentReleaseLease",
-    "environmentDestroyLease",
-    "environmentRealizeWorkspace",
-    "environmentExecute",
-    "environmentSyncIn",
-    "environmentSyncOut",
-    "environmentStartInteractiveSetup",
-    "environmentGetInteractiveSetup",
-    "environmentCaptureTemplate",
-    "environmentCancelInteractiveSetup",
-    "environmentDeleteTemplate",
-)
+from provider.verbs import ENVIRONMENT_VERBS, INTERACTIVE_VERBS
 
-
-# The interactive verb groups (host-protocol.md 10.1), listed after the environment verbs.
-INTERACTIVE_METHOD_ORDER: Final = (
-    "loginPtyOpen",
-    "loginPtyInput",
-    "loginPtyStop",
-    "loginPtyClose",
-    "duplexChannelOpen",
-    "duplexChannelWrite",
-    "duplexChannelStop",
-    "duplexChannelClose",
-)
+# The order of ``supportedMethods`` (host-protocol.md 10.1, 10.4): see provider.verbs.
+ENVIRONMENT_METHOD_ORDER: Final = ENVIRONMENT_VERBS
+INTERACTIVE_METHOD_ORDER: Final = INTERACTIVE_VERBS
 
 
 def supported_methods(names: Iterable[str]) -> tuple[str, ...]:
