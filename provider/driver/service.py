@@ -34,6 +34,7 @@ from provider.driver.params import (
     GetSetupParams,
     LeaseIdParams,
     LeaseParams,
+    P,
     StartSetupParams,
     SyncParams,
     decode_params,
@@ -66,6 +67,21 @@ class DriverService:
         self.interactive = Interactive(runtime, notify=notify, log=log)
         self.login = LoginTerminals(self.interactive)
         self.channels = DuplexChannels(self.interactive)
+        self.start_setup = self._decoding(
+            "environmentStartInteractiveSetup", StartSetupParams, templates.start_setup
+        )
+        self.get_setup = self._decoding(
+            "environmentGetInteractiveSetup", GetSetupParams, templates.get_setup
+        )
+        self.capture_template = self._decoding(
+            "environmentCaptureTemplate", CaptureParams, template_capture.capture_template
+        )
+        self.cancel_setup = self._decoding(
+            "environmentCancelInteractiveSetup", CancelSetupParams, templates.cancel_setup
+        )
+        self.delete_template = self._decoding(
+            "environmentDeleteTemplate", DeleteTemplateParams, template_capture.delete_template
+        )
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -164,35 +180,24 @@ class DriverService:
 
     # -- interactive setup and templates (8) -------------------------------------------------
 
-    async def start_setup(self, params: dict[str, Any]) -> dict[str, Any]:
-        method = "environmentStartInteractiveSetup"
-        return await templates.start_setup(
-            self.runtime, decode_params(params, StartSetupParams, method)
-        )
+    # Each decodes its params and hands them to templates / template_capture; assigned in
+    # __init__ (through _decoding) so the five share one shape.
+    start_setup: Handler
+    get_setup: Handler
+    capture_template: Handler
+    cancel_setup: Handler
+    delete_template: Handler
 
-    async def get_setup(self, params: dict[str, Any]) -> dict[str, Any]:
-        method = "environmentGetInteractiveSetup"
-        return await templates.get_setup(
-            self.runtime, decode_params(params, GetSetupParams, method)
-        )
+    def _decoding(
+        self,
+        method: str,
+        kind: type[P],
+        handler: Callable[[DriverRuntime, P], Awaitable[dict[str, Any]]],
+    ) -> Handler:
+        async def handle(params: dict[str, Any]) -> dict[str, Any]:
+            return await handler(self.runtime, decode_params(params, kind, method))
 
-    async def capture_template(self, params: dict[str, Any]) -> dict[str, Any]:
-        method = "environmentCaptureTemplate"
-        return await template_capture.capture_template(
-            self.runtime, decode_params(params, CaptureParams, method)
-        )
-
-    async def cancel_setup(self, params: dict[str, Any]) -> dict[str, Any]:
-        method = "environmentCancelInteractiveSetup"
-        return await templates.cancel_setup(
-            self.runtime, decode_params(params, CancelSetupParams, method)
-        )
-
-    async def delete_template(self, params: dict[str, Any]) -> dict[str, Any]:
-        method = "environmentDeleteTemplate"
-        return await template_capture.delete_template(
-            self.runtime, decode_params(params, DeleteTemplateParams, method)
-        )
+        return handle
 
     # -- execute -----------------------------------------------------------------------------
 
