@@ -31,6 +31,7 @@ from provider.errors import ProviderError
 from provider.rpc import wire
 from provider.rpc.dispatcher import Dispatcher
 from provider.rpc.handshake import initialize_request_id
+from provider.verbs import LEASE_VERBS
 from tests.rpc.harness import MemoryByteReceiveStream, MemoryByteSendStream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,18 +108,6 @@ class Frame:
     tag: str = ""  # what the frame exercises, for the tally
 
 
-ENVIRONMENT_VERBS = (
-    "environmentValidateConfig",
-    "environmentProbe",
-    "environmentAcquireLease",
-    "environmentResumeLease",
-    "environmentReleaseLease",
-    "environmentDestroyLease",
-    "environmentRealizeWorkspace",
-    "environmentExecute",
-    "environmentSyncIn",
-    "environmentSyncOut",
-)
 KNOWN_METHODS = (
     "health",
     "configChanged",
@@ -131,7 +120,7 @@ KNOWN_METHODS = (
     "execute.log",
     "Health",
     "shutdown ",
-    *ENVIRONMENT_VERBS,
+    *LEASE_VERBS,
 )
 
 leaf = (
