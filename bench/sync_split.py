@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import _transfer as transfer
 import anyio
 import httpx
 from _common import (
@@ -51,28 +51,19 @@ from _common import (
     GIB,
     MIB,
     PYTHON,
-    cpu_seconds,
     emulator_process,
     environment_call,
     peak_rss_mib,
     save_result,
 )
 
-from provider.createos.client import CreateOSClient
-from provider.createos.pacer import RequestPacer
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
+from provider.devtools.stdio_host import StdioHost, lease_ref
 from provider.driver.sync import PART_BYTES
 
 GOAL_RATIO = 1.3
 GOAL_RSS_MIB = 100.0
-WORKSPACE = "/paperclip-workspace"
 PIPE_READ = 1024 * 1024
-
-
-async def settle() -> None:
-    """Write back dirty pages first, so a step does not pay for the writes of the one before."""
-    await anyio.to_thread.run_sync(os.sync)
 
 
 # --- the data ---------------------------------------------------------------------------------
@@ -97,22 +88,7 @@ def make_tree(root: Path, *, files: int, file_bytes: int) -> tuple[int, int]:
     return files + 20, total
 
 
-def tree_figures(root: Path) -> tuple[int, int]:
-    count = total = 0
-    for folder, _, names in os.walk(root):
-        for name in names:
-            count += 1
-            total += os.lstat(os.path.join(folder, name)).st_size
-    return count, total
-
-
 # --- baselines ----------------------------------------------------------------------------------
-
-
-def plain_api(base_url: str) -> CreateOSClient:
-    return CreateOSClient(
-        base_url, API_KEY, pacer=RequestPacer(base_url, interval=0.0, shared_dir=None)
-    )
 
 
 def part_name(prefix: str, index: int) -> str:
@@ -140,7 +116,7 @@ async def baseline_in(
         httpx.AsyncClient(
             base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
         ) as http,
-        plain_api(emu.base_url) as api,
+        transfer.plain_api(emu.base_url) as api,
     ):
         first = await receive(part_bytes)
         while first:
@@ -190,7 +166,7 @@ async def baseline_out(
         httpx.AsyncClient(
             base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
         ) as http,
-        plain_api(emu.base_url) as api,
+        transfer.plain_api(emu.base_url) as api,
     ):
         script = (
             f"set -o pipefail; tar -cf - -C {source} . | split -b {part_bytes} -d -a 4 - {prefix}"
@@ -239,26 +215,12 @@ class Round:
     parts_out: int
 
 
-async def sandbox_tree(emu: EmulatorProcess, sandbox_id: str, path: str) -> tuple[int, int]:
-    async with plain_api(emu.base_url) as api:
-        script = (
-            f"find {path} -type f | wc -l; "
-            f"find {path} -type f -printf '%s\\n' | awk '{{s+=$1}} END {{printf \"%.0f\\n\", s}}'"
-        )
-        result = await api.exec(sandbox_id, "/bin/bash", ["-c", script])
-    files, total = result.stdout.split()
-    return int(files), int(total)
-
-
-async def sandbox_rm(emu: EmulatorProcess, sandbox_id: str, *paths: str) -> None:
-    async with plain_api(emu.base_url) as api:
-        await api.exec(sandbox_id, "/bin/rm", ["-rf", "--", *paths])
-
-
-async def sandbox_scratch(emu: EmulatorProcess, sandbox_id: str) -> str:
-    async with plain_api(emu.base_url) as api:
+async def sandbox_scratch(emu: EmulatorProcess, sandbox_id: str) -> None:
+    """Fail when a sync left scratch files in the sandbox's /tmp."""
+    async with transfer.plain_api(emu.base_url) as api:
         result = await api.exec(sandbox_id, "/bin/bash", ["-c", "ls -a /tmp | grep -v '^\\.*$'"])
-    return result.stdout
+    if result.stdout.strip():
+        raise RuntimeError(f"scratch left in the sandbox's /tmp: {result.stdout!r}")
 
 
 async def one_round(
@@ -271,85 +233,36 @@ async def one_round(
     expected: tuple[int, int],
     index: int,
 ) -> Round:
-    sandbox_id = lease["providerLeaseId"]
-    ours, theirs = f"{WORKSPACE}/ours", f"{WORKSPACE}/theirs"
-
-    async def worker_in() -> tuple[float, float, int]:
-        operation = {
-            "operationId": "in",
-            "files": [{"sourcePath": str(src), "targetPath": ours, "kind": "directory"}],
-        }
-        cpu = cpu_seconds(worker.pid)
-        started = time.perf_counter()
-        result = await worker.call(
-            "environmentSyncIn", {**with_lease(common, lease), "operations": [operation]}
-        )
-        elapsed = time.perf_counter() - started
-        return elapsed, cpu_seconds(worker.pid) - cpu, result["operations"][0]["bytesTransferred"]
-
-    async def worker_out(dst: Path) -> tuple[float, float, int]:
-        operation = {
-            "operationId": "out",
-            "files": [{"sourcePath": ours, "targetPath": str(dst), "kind": "directory"}],
-        }
-        cpu = cpu_seconds(worker.pid)
-        started = time.perf_counter()
-        result = await worker.call(
-            "environmentSyncOut", {**with_lease(common, lease), "operations": [operation]}
-        )
-        elapsed = time.perf_counter() - started
-        return elapsed, cpu_seconds(worker.pid) - cpu, result["operations"][0]["bytesTransferred"]
-
-    if index % 2 == 0:
-        await settle()
-        w_in = await worker_in()
-        await settle()
-        b_in = await baseline_in(emu, sandbox_id, src, theirs, PART_BYTES)
-    else:
-        await settle()
-        b_in = await baseline_in(emu, sandbox_id, src, theirs, PART_BYTES)
-        await settle()
-        w_in = await worker_in()
-    for path in (ours, theirs):
-        got = await sandbox_tree(emu, sandbox_id, path)
-        if got != expected:
-            raise RuntimeError(f"sync in to {path}: {got} files/bytes, expected {expected}")
-    await sandbox_rm(emu, sandbox_id, theirs)
-
-    ours_dst, theirs_dst = work / f"out-ours-{index}", work / f"out-theirs-{index}"
-    if index % 2 == 0:
-        await settle()
-        w_out = await worker_out(ours_dst)
-        await settle()
-        b_out = await baseline_out(emu, sandbox_id, ours, theirs_dst, PART_BYTES)
-    else:
-        await settle()
-        b_out = await baseline_out(emu, sandbox_id, ours, theirs_dst, PART_BYTES)
-        await settle()
-        w_out = await worker_out(ours_dst)
-    for folder in (ours_dst, theirs_dst):
-        got = await anyio.to_thread.run_sync(tree_figures, folder)
-        if got != expected:
-            raise RuntimeError(f"sync out to {folder}: {got} files/bytes, expected {expected}")
-    left = await sandbox_scratch(emu, sandbox_id)
-    if left.strip():
-        raise RuntimeError(f"scratch left in the sandbox's /tmp: {left!r}")
-    await anyio.to_thread.run_sync(shutil.rmtree, ours_dst)
-    await anyio.to_thread.run_sync(shutil.rmtree, theirs_dst)
-    await sandbox_rm(emu, sandbox_id, ours)
+    r = await transfer.one_round(
+        emu,
+        worker,
+        common,
+        lease,
+        src=src,
+        work=work,
+        expected=expected,
+        index=index,
+        baseline_in=lambda sandbox, source, target: baseline_in(
+            emu, sandbox, source, target, PART_BYTES
+        ),
+        baseline_out=lambda sandbox, source, target: baseline_out(
+            emu, sandbox, source, target, PART_BYTES
+        ),
+        after_out=lambda sandbox: sandbox_scratch(emu, sandbox),
+    )
     return Round(
-        worker_in_s=w_in[0],
-        worker_out_s=w_out[0],
-        worker_in_cpu_s=w_in[1],
-        worker_out_cpu_s=w_out[1],
-        baseline_in_s=b_in["total_s"],
-        baseline_out_s=b_out["total_s"],
-        baseline_put_s=b_in["transfer_s"],
-        baseline_get_s=b_out["transfer_s"],
-        bytes_in=w_in[2],
-        bytes_out=w_out[2],
-        parts_in=int(b_in["parts"]),
-        parts_out=int(b_out["parts"]),
+        worker_in_s=r.worker_in.seconds,
+        worker_out_s=r.worker_out.seconds,
+        worker_in_cpu_s=r.worker_in.cpu_seconds,
+        worker_out_cpu_s=r.worker_out.cpu_seconds,
+        baseline_in_s=r.baseline_in["total_s"],
+        baseline_out_s=r.baseline_out["total_s"],
+        baseline_put_s=r.baseline_in["transfer_s"],
+        baseline_get_s=r.baseline_out["transfer_s"],
+        bytes_in=r.worker_in.bytes,
+        bytes_out=r.worker_out.bytes,
+        parts_in=int(r.baseline_in["parts"]),
+        parts_out=int(r.baseline_out["parts"]),
     )
 
 

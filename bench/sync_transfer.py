@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import _transfer as transfer
 import anyio
 import httpx
 from _common import (
@@ -51,27 +51,18 @@ from _common import (
     GIB,
     MIB,
     PYTHON,
-    cpu_seconds,
     emulator_process,
     environment_call,
     peak_rss_mib,
     save_result,
 )
 
-from provider.createos.client import CreateOSClient
-from provider.createos.pacer import RequestPacer
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
+from provider.devtools.stdio_host import StdioHost, lease_ref
 
 GOAL_RATIO = 1.3
 GOAL_RSS_MIB = 100.0
-WORKSPACE = "/paperclip-workspace"
 PIPE_READ = 1024 * 1024
-
-
-async def settle() -> None:
-    """Write back dirty pages first, so a step does not pay for the writes of the one before."""
-    await anyio.to_thread.run_sync(os.sync)
 
 
 # --- the data ---------------------------------------------------------------------------------
@@ -96,22 +87,7 @@ def make_tree(root: Path, *, big_bytes: int, small_files: int, small_total: int)
     return small_files + 1, big_bytes + size * small_files
 
 
-def tree_figures(root: Path) -> tuple[int, int]:
-    files = total = 0
-    for folder, _, names in os.walk(root):
-        for name in names:
-            files += 1
-            total += os.lstat(os.path.join(folder, name)).st_size
-    return files, total
-
-
 # --- baselines ----------------------------------------------------------------------------------
-
-
-def plain_api(base_url: str) -> CreateOSClient:
-    return CreateOSClient(
-        base_url, API_KEY, pacer=RequestPacer(base_url, interval=0.0, shared_dir=None)
-    )
 
 
 async def baseline_in(
@@ -134,7 +110,7 @@ async def baseline_in(
         httpx.AsyncClient(
             base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
         ) as http,
-        plain_api(emu.base_url) as api,
+        transfer.plain_api(emu.base_url) as api,
     ):
         answer = await http.put(
             f"/v1/sandboxes/{sandbox_id}/files",
@@ -165,7 +141,7 @@ async def baseline_out(
         httpx.AsyncClient(
             base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
         ) as http,
-        plain_api(emu.base_url) as api,
+        transfer.plain_api(emu.base_url) as api,
     ):
         result = await api.exec(sandbox_id, "/bin/tar", ["-cf", scratch, "-C", source, "."])
         if result.exit_code != 0:
@@ -204,22 +180,6 @@ class Round:
     bytes_out: int
 
 
-async def sandbox_tree(emu: EmulatorProcess, sandbox_id: str, path: str) -> tuple[int, int]:
-    async with plain_api(emu.base_url) as api:
-        script = (
-            f"find {path} -type f | wc -l; "
-            f"find {path} -type f -printf '%s\\n' | awk '{{s+=$1}} END {{print s+0}}'"
-        )
-        result = await api.exec(sandbox_id, "/bin/bash", ["-c", script])
-    files, total = result.stdout.split()
-    return int(files), int(total)
-
-
-async def sandbox_rm(emu: EmulatorProcess, sandbox_id: str, *paths: str) -> None:
-    async with plain_api(emu.base_url) as api:
-        await api.exec(sandbox_id, "/bin/rm", ["-rf", "--", *paths])
-
-
 async def one_round(
     emu: EmulatorProcess,
     worker: StdioHost,
@@ -230,81 +190,29 @@ async def one_round(
     expected: tuple[int, int],
     index: int,
 ) -> Round:
-    sandbox_id = lease["providerLeaseId"]
-    ours, theirs = f"{WORKSPACE}/ours", f"{WORKSPACE}/theirs"
-
-    async def worker_in() -> tuple[float, float, int]:
-        operation = {
-            "operationId": "in",
-            "files": [{"sourcePath": str(src), "targetPath": ours, "kind": "directory"}],
-        }
-        cpu = cpu_seconds(worker.pid)
-        started = time.perf_counter()
-        result = await worker.call(
-            "environmentSyncIn", {**with_lease(common, lease), "operations": [operation]}
-        )
-        elapsed = time.perf_counter() - started
-        return elapsed, cpu_seconds(worker.pid) - cpu, result["operations"][0]["bytesTransferred"]
-
-    async def worker_out(dst: Path) -> tuple[float, float, int]:
-        operation = {
-            "operationId": "out",
-            "files": [{"sourcePath": ours, "targetPath": str(dst), "kind": "directory"}],
-        }
-        cpu = cpu_seconds(worker.pid)
-        started = time.perf_counter()
-        result = await worker.call(
-            "environmentSyncOut", {**with_lease(common, lease), "operations": [operation]}
-        )
-        elapsed = time.perf_counter() - started
-        return elapsed, cpu_seconds(worker.pid) - cpu, result["operations"][0]["bytesTransferred"]
-
-    # Sync in, alternating which goes first from round to round.
-    if index % 2 == 0:
-        await settle()
-        w_in = await worker_in()
-        await settle()
-        b_in = await baseline_in(emu, sandbox_id, src, theirs)
-    else:
-        await settle()
-        b_in = await baseline_in(emu, sandbox_id, src, theirs)
-        await settle()
-        w_in = await worker_in()
-    for path in (ours, theirs):
-        got = await sandbox_tree(emu, sandbox_id, path)
-        if got != expected:
-            raise RuntimeError(f"sync in to {path}: {got} files/bytes, expected {expected}")
-    await sandbox_rm(emu, sandbox_id, theirs)
-
-    ours_dst, theirs_dst = work / f"out-ours-{index}", work / f"out-theirs-{index}"
-    if index % 2 == 0:
-        await settle()
-        w_out = await worker_out(ours_dst)
-        await settle()
-        b_out = await baseline_out(emu, sandbox_id, ours, theirs_dst)
-    else:
-        await settle()
-        b_out = await baseline_out(emu, sandbox_id, ours, theirs_dst)
-        await settle()
-        w_out = await worker_out(ours_dst)
-    for folder in (ours_dst, theirs_dst):
-        got = await anyio.to_thread.run_sync(tree_figures, folder)
-        if got != expected:
-            raise RuntimeError(f"sync out to {folder}: {got} files/bytes, expected {expected}")
-    await anyio.to_thread.run_sync(shutil.rmtree, ours_dst)
-    await anyio.to_thread.run_sync(shutil.rmtree, theirs_dst)
-    await sandbox_rm(emu, sandbox_id, ours)
+    r = await transfer.one_round(
+        emu,
+        worker,
+        common,
+        lease,
+        src=src,
+        work=work,
+        expected=expected,
+        index=index,
+        baseline_in=lambda sandbox, source, target: baseline_in(emu, sandbox, source, target),
+        baseline_out=lambda sandbox, source, target: baseline_out(emu, sandbox, source, target),
+    )
     return Round(
-        worker_in_s=w_in[0],
-        worker_out_s=w_out[0],
-        worker_in_cpu_s=w_in[1],
-        worker_out_cpu_s=w_out[1],
-        baseline_in_s=b_in["total_s"],
-        baseline_out_s=b_out["total_s"],
-        baseline_put_s=b_in["transfer_s"],
-        baseline_get_s=b_out["transfer_s"],
-        bytes_in=w_in[2],
-        bytes_out=w_out[2],
+        worker_in_s=r.worker_in.seconds,
+        worker_out_s=r.worker_out.seconds,
+        worker_in_cpu_s=r.worker_in.cpu_seconds,
+        worker_out_cpu_s=r.worker_out.cpu_seconds,
+        baseline_in_s=r.baseline_in["total_s"],
+        baseline_out_s=r.baseline_out["total_s"],
+        baseline_put_s=r.baseline_in["transfer_s"],
+        baseline_get_s=r.baseline_out["transfer_s"],
+        bytes_in=r.worker_in.bytes,
+        bytes_out=r.worker_out.bytes,
     )
 
 
