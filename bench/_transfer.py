@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import anyio
-from _common import API_KEY, cpu_seconds
+from _common import API_KEY, cpu_seconds, peak_rss_mib
 
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost, with_lease
+from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 WORKSPACE: Final = "/paperclip-workspace"
 
 B = TypeVar("B")
+R = TypeVar("R", bound="Round")
 
 
 async def settle() -> None:
@@ -177,3 +180,94 @@ async def one_round(
     await anyio.to_thread.run_sync(shutil.rmtree, theirs_dst)
     await sandbox_rm(emu, sandbox_id, ours)
     return RoundResult(w_in, w_out, b_in, b_out)
+
+
+@dataclass
+class Round:
+    """One round's figures as the results file holds them."""
+
+    worker_in_s: float
+    worker_out_s: float
+    worker_in_cpu_s: float
+    worker_out_cpu_s: float
+    baseline_in_s: float
+    baseline_out_s: float
+    baseline_put_s: float
+    baseline_get_s: float
+    bytes_in: int
+    bytes_out: int
+
+    @staticmethod
+    def fields(r: RoundResult) -> dict[str, Any]:
+        """The common fields from a round's steps (baselines report total_s and transfer_s)."""
+        return {
+            "worker_in_s": r.worker_in.seconds,
+            "worker_out_s": r.worker_out.seconds,
+            "worker_in_cpu_s": r.worker_in.cpu_seconds,
+            "worker_out_cpu_s": r.worker_out.cpu_seconds,
+            "baseline_in_s": r.baseline_in["total_s"],
+            "baseline_out_s": r.baseline_out["total_s"],
+            "baseline_put_s": r.baseline_in["transfer_s"],
+            "baseline_get_s": r.baseline_out["transfer_s"],
+            "bytes_in": r.worker_in.bytes,
+            "bytes_out": r.worker_out.bytes,
+        }
+
+
+async def run_rounds(
+    worker: StdioHost,
+    common: dict[str, Any],
+    rounds: int,
+    one: Callable[[dict[str, Any], int], Awaitable[R]],
+) -> tuple[list[R], float]:
+    """``rounds`` rounds on one lease (released afterwards); the results and the worker's peak
+    RSS in MiB."""
+    results: list[R] = []
+    lease = await worker.call("environmentAcquireLease", {**common, "runId": "bench"})
+    try:
+        for index in range(rounds):
+            result = await one(lease, index)
+            results.append(result)
+            print(f"  round {index + 1}: {asdict(result)}", file=sys.stderr)
+        peak = peak_rss_mib(worker.pid)
+    finally:
+        await worker.call("environmentReleaseLease", lease_ref(common, lease))
+    return results, peak
+
+
+def summary(
+    results: list[R], expected: tuple[int, int], peak: float, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The results file: medians, ratios worker/baseline, per-round ratios, CPU, peak RSS;
+    ``extra`` (the script's settings and goals) comes after ``tree`` and ``rounds``."""
+
+    def median(name: str) -> float:
+        return round(float(statistics.median(getattr(r, name) for r in results)), 2)
+
+    return {
+        "tree": {"files": expected[0], "bytes": expected[1]},
+        "rounds": len(results),
+        **extra,
+        "sync_in_s": {
+            "worker": median("worker_in_s"),
+            "baseline": median("baseline_in_s"),
+            "baseline_put_only": median("baseline_put_s"),
+        },
+        "sync_out_s": {
+            "worker": median("worker_out_s"),
+            "baseline": median("baseline_out_s"),
+            "baseline_get_only": median("baseline_get_s"),
+        },
+        "ratio_in": round(median("worker_in_s") / median("baseline_in_s"), 3),
+        "ratio_out": round(median("worker_out_s") / median("baseline_out_s"), 3),
+        "round_ratios": [
+            {
+                "in": round(r.worker_in_s / r.baseline_in_s, 3),
+                "out": round(r.worker_out_s / r.baseline_out_s, 3),
+            }
+            for r in results
+        ],
+        "worker_cpu_s": {"in": median("worker_in_cpu_s"), "out": median("worker_out_cpu_s")},
+        "worker_peak_rss_mib": round(peak, 1),
+        "runs": [asdict(r) for r in results],
+    }

@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +52,11 @@ from _common import (
     PYTHON,
     emulator_process,
     environment_call,
-    peak_rss_mib,
     save_result,
 )
 
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost, lease_ref
+from provider.devtools.stdio_host import StdioHost
 from provider.driver.sync import PART_BYTES
 
 GOAL_RATIO = 1.3
@@ -200,17 +198,7 @@ async def baseline_out(
 
 
 @dataclass
-class Round:
-    worker_in_s: float
-    worker_out_s: float
-    worker_in_cpu_s: float
-    worker_out_cpu_s: float
-    baseline_in_s: float
-    baseline_out_s: float
-    baseline_put_s: float
-    baseline_get_s: float
-    bytes_in: int
-    bytes_out: int
+class Round(transfer.Round):
     parts_in: int
     parts_out: int
 
@@ -251,16 +239,7 @@ async def one_round(
         after_out=lambda sandbox: sandbox_scratch(emu, sandbox),
     )
     return Round(
-        worker_in_s=r.worker_in.seconds,
-        worker_out_s=r.worker_out.seconds,
-        worker_in_cpu_s=r.worker_in.cpu_seconds,
-        worker_out_cpu_s=r.worker_out.cpu_seconds,
-        baseline_in_s=r.baseline_in["total_s"],
-        baseline_out_s=r.baseline_out["total_s"],
-        baseline_put_s=r.baseline_in["transfer_s"],
-        baseline_get_s=r.baseline_out["transfer_s"],
-        bytes_in=r.worker_in.bytes,
-        bytes_out=r.worker_out.bytes,
+        **transfer.Round.fields(r),
         parts_in=int(r.baseline_in["parts"]),
         parts_out=int(r.baseline_out["parts"]),
     )
@@ -269,7 +248,6 @@ async def one_round(
 async def measure(
     rounds: int, files: int, file_mib: int, limit_mib: int, pace_ms: int | None
 ) -> dict[str, Any]:
-    results: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
         work = Path(tmp)
         src = work / "src"
@@ -285,54 +263,27 @@ async def measure(
             await emu.admin.settings(max_file_bytes=limit_mib * MIB)
             common = environment_call(emu.base_url, timeout_ms=1_800_000)
             async with StdioHost(python=PYTHON, stderr="inherit", env=env) as worker:
-                lease = await worker.call("environmentAcquireLease", {**common, "runId": "bench"})
-                try:
-                    for index in range(rounds):
-                        result = await one_round(
-                            emu, worker, common, lease, src, work, expected, index
-                        )
-                        results.append(result)
-                        print(f"  round {index + 1}: {asdict(result)}", file=sys.stderr)
-                    peak = peak_rss_mib(worker.pid)
-                finally:
-                    await worker.call("environmentReleaseLease", lease_ref(common, lease))
-
-    def median(name: str) -> float:
-        return round(float(statistics.median(getattr(r, name) for r in results)), 2)
-
-    tree_bytes = expected[1]
-    return {
-        "tree": {"files": expected[0], "bytes": tree_bytes},
-        "rounds": rounds,
-        "per_file_limit_mib": limit_mib,
-        "part_bytes": PART_BYTES,
-        "parts": {"in": results[0].parts_in, "out": results[0].parts_out},
-        "pace_ms": pace_ms,
-        "goal_ratio": GOAL_RATIO,
-        "goal_peak_rss_mib": GOAL_RSS_MIB,
-        "sync_in_s": {
-            "worker": median("worker_in_s"),
-            "baseline": median("baseline_in_s"),
-            "baseline_put_only": median("baseline_put_s"),
+                results, peak = await transfer.run_rounds(
+                    worker,
+                    common,
+                    rounds,
+                    lambda lease, index: one_round(
+                        emu, worker, common, lease, src, work, expected, index
+                    ),
+                )
+    return transfer.summary(
+        results,
+        expected,
+        peak,
+        {
+            "per_file_limit_mib": limit_mib,
+            "part_bytes": PART_BYTES,
+            "parts": {"in": results[0].parts_in, "out": results[0].parts_out},
+            "pace_ms": pace_ms,
+            "goal_ratio": GOAL_RATIO,
+            "goal_peak_rss_mib": GOAL_RSS_MIB,
         },
-        "sync_out_s": {
-            "worker": median("worker_out_s"),
-            "baseline": median("baseline_out_s"),
-            "baseline_get_only": median("baseline_get_s"),
-        },
-        "ratio_in": round(median("worker_in_s") / median("baseline_in_s"), 3),
-        "ratio_out": round(median("worker_out_s") / median("baseline_out_s"), 3),
-        "round_ratios": [
-            {
-                "in": round(r.worker_in_s / r.baseline_in_s, 3),
-                "out": round(r.worker_out_s / r.baseline_out_s, 3),
-            }
-            for r in results
-        ],
-        "worker_cpu_s": {"in": median("worker_in_cpu_s"), "out": median("worker_out_cpu_s")},
-        "worker_peak_rss_mib": round(peak, 1),
-        "runs": [asdict(r) for r in results],
-    }
+    )
 
 
 def main() -> None:

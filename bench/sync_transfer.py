@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +51,11 @@ from _common import (
     PYTHON,
     emulator_process,
     environment_call,
-    peak_rss_mib,
     save_result,
 )
 
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost, lease_ref
+from provider.devtools.stdio_host import StdioHost
 
 GOAL_RATIO = 1.3
 GOAL_RSS_MIB = 100.0
@@ -166,20 +163,6 @@ async def baseline_out(
 # --- the worker -----------------------------------------------------------------------------------
 
 
-@dataclass
-class Round:
-    worker_in_s: float
-    worker_out_s: float
-    worker_in_cpu_s: float
-    worker_out_cpu_s: float
-    baseline_in_s: float
-    baseline_out_s: float
-    baseline_put_s: float
-    baseline_get_s: float
-    bytes_in: int
-    bytes_out: int
-
-
 async def one_round(
     emu: EmulatorProcess,
     worker: StdioHost,
@@ -189,7 +172,7 @@ async def one_round(
     work: Path,
     expected: tuple[int, int],
     index: int,
-) -> Round:
+) -> transfer.Round:
     r = await transfer.one_round(
         emu,
         worker,
@@ -202,22 +185,10 @@ async def one_round(
         baseline_in=lambda sandbox, source, target: baseline_in(emu, sandbox, source, target),
         baseline_out=lambda sandbox, source, target: baseline_out(emu, sandbox, source, target),
     )
-    return Round(
-        worker_in_s=r.worker_in.seconds,
-        worker_out_s=r.worker_out.seconds,
-        worker_in_cpu_s=r.worker_in.cpu_seconds,
-        worker_out_cpu_s=r.worker_out.cpu_seconds,
-        baseline_in_s=r.baseline_in["total_s"],
-        baseline_out_s=r.baseline_out["total_s"],
-        baseline_put_s=r.baseline_in["transfer_s"],
-        baseline_get_s=r.baseline_out["transfer_s"],
-        bytes_in=r.worker_in.bytes,
-        bytes_out=r.worker_out.bytes,
-    )
+    return transfer.Round(**transfer.Round.fields(r))
 
 
 async def measure(rounds: int, small_files: int, big_mib: int) -> dict[str, Any]:
-    results: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         work = Path(tmp)
         src = work / "src"
@@ -231,50 +202,20 @@ async def measure(rounds: int, small_files: int, big_mib: int) -> dict[str, Any]
             await emu.admin.settings(max_file_bytes=2 * GIB)
             common = environment_call(emu.base_url)
             async with StdioHost(python=PYTHON, stderr="inherit") as worker:
-                lease = await worker.call("environmentAcquireLease", {**common, "runId": "bench"})
-                try:
-                    for index in range(rounds):
-                        result = await one_round(
-                            emu, worker, common, lease, src, work, expected, index
-                        )
-                        results.append(result)
-                        print(f"  round {index + 1}: {asdict(result)}", file=sys.stderr)
-                    peak = peak_rss_mib(worker.pid)
-                finally:
-                    await worker.call("environmentReleaseLease", lease_ref(common, lease))
-
-    def median(name: str) -> float:
-        return round(float(statistics.median(getattr(r, name) for r in results)), 2)
-
-    tree_bytes = expected[1]
-    return {
-        "tree": {"files": expected[0], "bytes": tree_bytes},
-        "rounds": rounds,
-        "goal_ratio": GOAL_RATIO,
-        "goal_peak_rss_mib": GOAL_RSS_MIB,
-        "sync_in_s": {
-            "worker": median("worker_in_s"),
-            "baseline": median("baseline_in_s"),
-            "baseline_put_only": median("baseline_put_s"),
-        },
-        "sync_out_s": {
-            "worker": median("worker_out_s"),
-            "baseline": median("baseline_out_s"),
-            "baseline_get_only": median("baseline_get_s"),
-        },
-        "ratio_in": round(median("worker_in_s") / median("baseline_in_s"), 3),
-        "ratio_out": round(median("worker_out_s") / median("baseline_out_s"), 3),
-        "round_ratios": [
-            {
-                "in": round(r.worker_in_s / r.baseline_in_s, 3),
-                "out": round(r.worker_out_s / r.baseline_out_s, 3),
-            }
-            for r in results
-        ],
-        "worker_cpu_s": {"in": median("worker_in_cpu_s"), "out": median("worker_out_cpu_s")},
-        "worker_peak_rss_mib": round(peak, 1),
-        "runs": [asdict(r) for r in results],
-    }
+                results, peak = await transfer.run_rounds(
+                    worker,
+                    common,
+                    rounds,
+                    lambda lease, index: one_round(
+                        emu, worker, common, lease, src, work, expected, index
+                    ),
+                )
+    return transfer.summary(
+        results,
+        expected,
+        peak,
+        {"goal_ratio": GOAL_RATIO, "goal_peak_rss_mib": GOAL_RSS_MIB},
+    )
 
 
 def main() -> None:
