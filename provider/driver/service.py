@@ -51,6 +51,7 @@ from provider.driver.tracker import ScopeKey
 from provider.errors import CleanupUnconfirmed, InvalidParams
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+DecodingHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 SHUTDOWN_BUDGET = 8.0
@@ -182,18 +183,18 @@ class DriverService:
 
     # Each decodes its params and hands them to templates / template_capture; assigned in
     # __init__ (through _decoding) so the five share one shape.
-    start_setup: Handler
-    get_setup: Handler
-    capture_template: Handler
-    cancel_setup: Handler
-    delete_template: Handler
+    start_setup: DecodingHandler
+    get_setup: DecodingHandler
+    capture_template: DecodingHandler
+    cancel_setup: DecodingHandler
+    delete_template: DecodingHandler
 
     def _decoding(
         self,
         method: str,
         kind: type[P],
         handler: Callable[[DriverRuntime, P], Awaitable[dict[str, Any]]],
-    ) -> Handler:
+    ) -> DecodingHandler:
         async def handle(params: dict[str, Any]) -> dict[str, Any]:
             return await handler(self.runtime, decode_params(params, kind, method))
 

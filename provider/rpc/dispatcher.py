@@ -1,12 +1,9 @@
 """The JSON-RPC dispatcher: one reader loop, one task per request, one locked writer.
 
-It owns the built-in methods (``initialize``, ``health``, ``shutdown``, ``configChanged``), the
-invocation context (a context variable set per request task, added by :meth:`Dispatcher.notify`
-as top-level ``paperclipInvocationId``), and the ONE place where exceptions become JSON-RPC
-errors: :class:`provider.errors.InvalidParams` -> -32602, any other
-:class:`provider.errors.ProviderError` -> -32002 with its (public) message, anything else ->
--32002 with a generic message naming the method (the traceback goes to stderr; params are never
-logged).
+It owns the built-in methods (``initialize``, ``health``, ``shutdown``, ``configChanged``) and
+sets the invocation context per request task (:mod:`provider.rpc.outbound`, which sends our own
+notifications and requests, tags them with it). Every exception a handler raises becomes a
+JSON-RPC error through :func:`provider.rpc.errors.error_for_exception`, the one place for that.
 
 Shutdown (the ``shutdown`` request, stdin EOF or :meth:`Dispatcher.stop` from a signal handler)
 runs one bounded cleanup: ``on_shutdown()`` (the driver aborts its work), then the remaining
@@ -18,28 +15,24 @@ of MiB): only the shutdown, once its budget is spent, stops waiting on replies s
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import anyio
 import anyio.abc
 
-from provider.errors import InvalidParams, ProviderError
+from provider.errors import ProviderError
 from provider.replies import AfterReply
 from provider.rpc import wire
 from provider.rpc.calllog import CallLog
+from provider.rpc.errors import error_for_exception, stderr_line
 from provider.rpc.handshake import supported_methods
+from provider.rpc.outbound import WRITE_FAILURES, Outbound, invocation_id
 from provider.rpc.stdio import LineReader
 from provider.verbs import SERVED_VERBS
-
-if TYPE_CHECKING:  # imported lazily: keeps start-up fast
-    from anyio.streams.memory import MemoryObjectSendStream
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -69,60 +62,8 @@ SHUTDOWN_BUDGET_S: Final = 8.0  # on_shutdown + cancelling the remaining request
 CANCEL_GRACE_S: Final = 1.0  # part of the budget kept for the cancelled request tasks
 REPLY_BUDGET_S: Final = 1.0  # writing the shutdown reply, or a reply once the shutdown cut them
 
-_invocation_id: ContextVar[str | None] = ContextVar("paperclip_invocation_id", default=None)
 
-
-def current_invocation_id() -> str | None:
-    """The ``paperclipInvocation.id`` of the host request being served by this task, if any."""
-    return _invocation_id.get()
-
-
-def stderr_line(text: str) -> None:
-    """One diagnostic line on stderr (the host logs each stderr line at warn level)."""
-    try:
-        sys.stderr.write(f"paperclip-createos: {text}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def error_for_exception(method: str, exc: Exception) -> tuple[int, str]:
-    """The JSON-RPC (code, message) for an exception raised while serving ``method``."""
-    leaf = _unwrap(exc)
-    if isinstance(leaf, InvalidParams):
-        return wire.INVALID_PARAMS, str(leaf)
-    if isinstance(leaf, ProviderError):
-        return wire.WORKER_ERROR, str(leaf)
-    stderr_line(
-        f"{method} failed with an unexpected error:\n"
-        + "".join(traceback.format_exception(exc)).rstrip()
-    )
-    return wire.WORKER_ERROR, f"{method} failed: internal worker error (details in the worker log)"
-
-
-class _Writer:
-    """Serializes whole lines onto the send stream: encode outside the lock, one send inside."""
-
-    def __init__(self, stream: anyio.abc.ByteSendStream) -> None:
-        self._stream = stream
-        self._lock = anyio.Lock()
-
-    async def write(self, message: dict[str, Any]) -> None:
-        line = wire.encode_line(message)
-        async with self._lock:
-            await self._stream.send(line)
-
-
-_WRITE_FAILURES: Final = (anyio.BrokenResourceError, anyio.ClosedResourceError)
-
-
-class Dispatcher:
+class Dispatcher(Outbound):
     """Serves the host's JSON-RPC requests on a pair of byte streams."""
 
     def __init__(
@@ -136,19 +77,17 @@ class Dispatcher:
         clashes = sorted(set(methods) & set(BUILTIN_METHODS))
         if clashes:
             raise ValueError(f"built-in methods cannot be replaced: {clashes}")
+        super().__init__()
         self._methods = dict(methods)
         self._on_shutdown = on_shutdown
         self.supported_methods: tuple[str, ...] = supported_methods(self._methods)
         self._initialized = initialized
         self._stopping = False
-        self._writer: _Writer | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._active: dict[int, anyio.CancelScope] = {}
         self._serial = itertools.count()
         self._idle: anyio.Event | None = None
         self._stopped: anyio.Event | None = None
-        self._host_ids = itertools.count(1)
-        self._host_calls: dict[wire.RequestId, MemoryObjectSendStream[wire.Response]] = {}
         self._call_log = CallLog.from_environment()
         self._replying: set[anyio.CancelScope] = set()  # replies being written
         self._replies_cut = False
@@ -159,9 +98,7 @@ class Dispatcher:
         self, receive: anyio.abc.ByteReceiveStream, send: anyio.abc.ByteSendStream
     ) -> None:
         """Serve until ``shutdown``, end of input, or :meth:`stop`; returns after the cleanup."""
-        if self._writer is not None:
-            raise RuntimeError("a Dispatcher serves only once")
-        self._writer = _Writer(send)
+        self._open_output(send)
         self._idle = anyio.Event()
         self._idle.set()
         self._stopped = anyio.Event()
@@ -218,7 +155,7 @@ class Dispatcher:
     async def _serve_request(
         self, key: int, scope: anyio.CancelScope, request: wire.Request
     ) -> None:
-        _invocation_id.set(request.invocation_id)
+        invocation_id.set(request.invocation_id)
         arrived = time.monotonic()
         try:
             response: dict[str, Any] | None = None
@@ -335,7 +272,7 @@ class Dispatcher:
                         "the worker produced a result that cannot be sent as JSON",
                     )
                 )
-        except _WRITE_FAILURES:
+        except WRITE_FAILURES:
             self._output_lost()
 
     def _output_lost(self) -> None:
@@ -405,66 +342,3 @@ class Dispatcher:
             scope.cancel()
         if self._idle is not None:
             await self._idle.wait()
-
-    # --- messages we send --------------------------------------------------------------------
-
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
-        """Send a notification, tagged with the current request's invocation id (if any)."""
-        if self._writer is None:
-            raise RuntimeError("the dispatcher is not serving")
-        message = wire.notification_message(method, params, _invocation_id.get())
-        try:
-            await self._writer.write(message)
-        except _WRITE_FAILURES:
-            self._output_lost()
-
-    async def log(self, level: str, message: str, meta: dict[str, Any] | None = None) -> None:
-        """A structured ``log`` notification (level: debug, info, warn or error)."""
-        params: dict[str, Any] = {"level": level, "message": message}
-        if meta is not None:
-            params["meta"] = meta
-        await self.notify("log", params)
-
-    async def call_host(self, method: str, params: dict[str, Any]) -> Any:
-        """Send a request to the host and wait for its result (our own id space).
-
-        Raises :class:`HostCallError` when the host answers with an error. Callers bound the
-        wait with their own cancel scope.
-        """
-        if self._writer is None:
-            raise RuntimeError("the dispatcher is not serving")
-        request_id = next(self._host_ids)
-        send, receive = anyio.create_memory_object_stream[wire.Response](1)
-        with send, receive:
-            self._host_calls[request_id] = send
-            try:
-                await self._writer.write(
-                    wire.request_message(request_id, method, params, _invocation_id.get())
-                )
-                response = await receive.receive()
-            finally:
-                self._host_calls.pop(request_id, None)
-        if response.error is not None:
-            code = response.error.get("code")
-            raise HostCallError(
-                code if isinstance(code, int) else wire.INTERNAL_ERROR,
-                str(response.error.get("message", "")),
-            )
-        return response.result
-
-    def _route_response(self, response: wire.Response) -> None:
-        send = self._host_calls.pop(response.id, None)
-        if send is None:
-            stderr_line(f"ignored a response to unknown request id {response.id!r}")
-            return
-        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
-            send.send_nowait(response)
-
-
-class HostCallError(Exception):
-    """The host answered one of our requests with a JSON-RPC error."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"host error {code}: {message}")
-        self.code = code
-        self.message = message

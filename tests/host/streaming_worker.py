@@ -11,8 +11,9 @@ from typing import Any
 
 import anyio
 
-from provider.rpc.dispatcher import Dispatcher, current_invocation_id
+from provider.rpc.dispatcher import Dispatcher
 from provider.rpc.handshake import guard_stdout
+from provider.rpc.outbound import current_invocation_id
 from provider.rpc.runner import serve_stdio
 
 

@@ -10,7 +10,9 @@ import pytest
 from provider.errors import ConfigError, InvalidParams, ProviderError
 from provider.replies import AfterReply
 from provider.rpc import dispatcher as dispatcher_module
-from provider.rpc.dispatcher import Dispatcher, HostCallError, current_invocation_id
+from provider.rpc.dispatcher import Dispatcher
+from provider.rpc.errors import HostCallError
+from provider.rpc.outbound import current_invocation_id
 from tests.rpc.harness import MemoryByteReceiveStream, MemoryByteSendStream, serving
 
 pytestmark = pytest.mark.anyio
