@@ -30,9 +30,9 @@ from provider.driver import sync
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError
+from tests.call_params import environment_call
 from tests.driver.conftest import Harness
 from tests.driver.test_sync import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
-from tests.reliability.call_params import environment_call
 
 pytestmark = pytest.mark.anyio
 

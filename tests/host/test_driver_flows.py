@@ -17,10 +17,10 @@ import pytest
 
 from provider.devtools.host_peer import HostPeer, PeerCallError
 from provider.emulator import Emulator
+from tests.call_params import environment_call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
-SHAPE = "s-1vcpu-1gb"
 CALL_TIMEOUT_MS = 120_000  # generous: every worker request waits its 300 ms turn
 DROPPED_LOG = "dropping execute.log notification"
 
@@ -36,19 +36,15 @@ class Flow:
     environment_id: str = "env-host"
 
     def common(self, *, reuse: bool) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "config": {
-                "apiUrl": self.emulator.base_url,
-                "apiKey": "test-key",
-                "shape": SHAPE,
-                "timeoutMs": 60_000,
-                "reuseLease": reuse,
-                "autoPauseAfterSeconds": 0,  # window 0: a kept lease is paused at release
-            },
-        }
+        return environment_call(
+            self.emulator.base_url,
+            "test-key",
+            company_id=self.company_id,
+            environment_id=self.environment_id,
+            timeout_ms=60_000,
+            reuseLease=reuse,
+            autoPauseAfterSeconds=0,  # window 0: a kept lease is paused at release
+        )
 
     async def call(self, method: str, params: dict[str, Any], **extra: Any) -> Any:
         return await self.peer.call(method, params, timeout_ms=CALL_TIMEOUT_MS, **extra)

@@ -32,10 +32,10 @@ from provider.devtools.host_peer import (
     pid_alive,
 )
 from provider.emulator import Emulator
+from tests.call_params import environment_call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
-SHAPE = "s-1vcpu-1gb"
 CALL_TIMEOUT_MS = 120_000
 CALL_LOG_ENV = "PAPERCLIP_CREATEOS_CALL_LOG"
 RETIRE_MARKERS = ("retiring worker", "not acknowledged", "ownership violation")
@@ -76,18 +76,13 @@ class Flow:
     environment_id: str = "env-interactive"
 
     def common(self) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "config": {
-                "apiUrl": self.emulator.base_url,
-                "apiKey": "test-key",
-                "shape": SHAPE,
-                "timeoutMs": 60_000,
-                "reuseLease": False,
-            },
-        }
+        return environment_call(
+            self.emulator.base_url,
+            "test-key",
+            company_id=self.company_id,
+            environment_id=self.environment_id,
+            timeout_ms=60_000,
+        )
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         return await self.peer.call(method, params, timeout_ms=CALL_TIMEOUT_MS)

@@ -54,6 +54,7 @@ from provider.devtools.host_peer import (
     wait_until_gone,
 )
 from provider.emulator import Emulator
+from tests.call_params import environment_call
 from tests.packaging.conftest import REPO_ROOT, host_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
@@ -333,18 +334,13 @@ def assert_installed_layout(install: Install) -> None:
 
 
 def common(emulator: Emulator) -> dict[str, Any]:
-    return {
-        "driverKey": "createos",
-        "companyId": "company-installed",
-        "environmentId": "env-installed",
-        "config": {
-            "apiUrl": emulator.base_url,
-            "apiKey": "test-key",
-            "shape": SHAPE,
-            "timeoutMs": 60_000,
-            "reuseLease": False,
-        },
-    }
+    return environment_call(
+        emulator.base_url,
+        "test-key",
+        company_id="company-installed",
+        environment_id="env-installed",
+        timeout_ms=60_000,
+    )
 
 
 async def test_the_installed_package_serves_a_lease_under_the_host(

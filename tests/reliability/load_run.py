@@ -30,7 +30,7 @@ import anyio.abc
 
 from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import Emulator
-from tests.reliability.call_params import environment_call
+from tests.call_params import environment_call
 
 API_KEY = "load-key"
 REFILL_S = 0.25  # the pacer's default refill interval

@@ -31,7 +31,7 @@ import pytest
 
 from provider.devtools.host_peer import REPO_ROOT, HostPeer, PeerCallError, wait_until_gone
 from provider.emulator import Emulator
-from tests.reliability.call_params import environment_call
+from tests.call_params import environment_call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 

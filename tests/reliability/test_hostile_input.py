@@ -33,8 +33,8 @@ from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService
 from provider.emulator import Emulator
 from provider.rpc.dispatcher import Dispatcher
+from tests.call_params import environment_call
 from tests.driver.conftest import unpaced_client
-from tests.reliability.call_params import environment_call
 from tests.rpc.harness import FakeHost, serving
 
 pytestmark = pytest.mark.anyio

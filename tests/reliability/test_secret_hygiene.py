@@ -25,7 +25,7 @@ import pytest
 from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
-from tests.reliability.call_params import environment_call, state_files
+from tests.call_params import environment_call, state_files
 from tests.reliability.secret_scan import encoded_forms, find_secret
 
 pytestmark = pytest.mark.anyio

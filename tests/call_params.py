@@ -1,5 +1,7 @@
-"""Params and state helpers of the reliability runs that drive a real worker process through
-:class:`~provider.devtools.stdio_host.StdioHost`."""
+"""The host-style params every test that calls the driver shares, and a state-folder reader.
+
+:func:`environment_call` is the one builder of a call's common params (driver key, company,
+environment, config); tests add the verb's own fields."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ def environment_call(
     *,
     company_id: str = "company-rel",
     environment_id: str = "env-rel",
+    timeout_ms: int = 120_000,
     **config: Any,
 ) -> dict[str, Any]:
     """The common params of a driver call against ``base_url`` with ``api_key`` (``config``
@@ -25,7 +28,7 @@ def environment_call(
             "apiUrl": base_url,
             "apiKey": api_key,
             "shape": "s-1vcpu-1gb",
-            "timeoutMs": 120_000,
+            "timeoutMs": timeout_ms,
             "reuseLease": False,
             **config,
         },
