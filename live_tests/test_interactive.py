@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from live_tests.session import LiveSession, RouteLog
-from provider.devtools.host_peer import PeerCallError
+from provider.devtools.peer_sessions import PeerCallError
 
 pytestmark = pytest.mark.anyio
 

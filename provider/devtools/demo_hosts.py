@@ -18,7 +18,8 @@ from typing import Any, Final, Literal, Protocol
 
 import anyio
 
-from provider.devtools.host_peer import HostPeer, PeerUnavailable, pid_alive, wait_until_gone
+from provider.devtools.host_peer import HostPeer, PeerUnavailable
+from provider.devtools.procfs import pid_alive, wait_until_gone
 from provider.devtools.stdio_host import LogCallback, NotificationCallback, StdioHost
 
 HostChoice = Literal["auto", "node", "python"]

@@ -36,7 +36,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from provider.devtools.host_peer import child_pids, wait_until_gone
+from provider.devtools.procfs import child_pids, wait_until_gone
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 E2E_DIR: Final = REPO_ROOT / "host" / "e2e"

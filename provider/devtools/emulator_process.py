@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from provider.devtools.e2e_server import REPO_ROOT, descendants
-from provider.devtools.host_peer import wait_until_gone
+from provider.devtools.procfs import wait_until_gone
 from provider.emulator.client import EmulatorAdmin
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from provider.devtools.e2e_server import descendants
-from provider.devtools.host_peer import cmdline, pid_alive
+from provider.devtools.procfs import cmdline, pid_alive
 
 
 def plugin_worker_pids(server_pid: int, entrypoint: Path) -> list[int]:

@@ -30,7 +30,7 @@ from provider.devtools.e2e_server import (
     ensure_host_installed,
 )
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import wait_until_gone
+from provider.devtools.procfs import wait_until_gone
 from tests.e2e.inspection import cmdline_mentions, json_lines, plugin_worker_pids
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]

@@ -30,8 +30,8 @@ import pytest
 
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import cmdline, wait_until_gone
 from provider.devtools.npm_registry import NpmRegistry
+from provider.devtools.procfs import cmdline, wait_until_gone
 from tests.e2e.inspection import cmdline_mentions, plugin_worker_pids
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]

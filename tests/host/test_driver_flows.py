@@ -15,7 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.devtools.host_peer import HostPeer, PeerCallError
+from provider.devtools.host_peer import HostPeer
+from provider.devtools.peer_sessions import PeerCallError
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 

@@ -16,13 +16,9 @@ from pathlib import Path
 import pytest
 
 from provider.app import build_dispatcher
-from provider.devtools.host_peer import (
-    REPO_ROOT,
-    HostPeer,
-    PeerCallError,
-    pid_alive,
-    wait_until_gone,
-)
+from provider.devtools.host_peer import REPO_ROOT, HostPeer
+from provider.devtools.peer_sessions import PeerCallError
+from provider.devtools.procfs import pid_alive, wait_until_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 

@@ -29,7 +29,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from provider.devtools.host_peer import REPO_ROOT, HostPeer, PeerCallError, wait_until_gone
+from provider.devtools.host_peer import REPO_ROOT, HostPeer
+from provider.devtools.peer_sessions import PeerCallError
+from provider.devtools.procfs import wait_until_gone
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 
