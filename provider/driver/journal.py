@@ -10,7 +10,7 @@ safe for several worker processes at once) in the worker's state folder:
   found and deleted later; also creates whose call ended with the outcome still open (a create
   that timed out may land after its lookup), which later calls keep looking for;
 - ``tempdirs``: host temp folders of file transfers in flight;
-- ``kept_forks``: reusable leases forked from a template, by scope tag and key. Forks take no
+- ``kept_forks``: reusable leases forked from a template, by scope tag. Forks take no
   name, so this is how the reaper knows them as this environment's (provider.driver.reaper);
   the newest :data:`KEPT_FORKS_CAP` rows are kept.
 
@@ -250,11 +250,11 @@ class LeaseJournal:
         with self._tx() as db:
             db.execute("DELETE FROM kept_forks WHERE sandbox_id=?", (sandbox_id,))
 
-    def kept_forks(self, tag: str, key_hash: str) -> frozenset[str]:
+    def kept_forks(self, tag: str) -> frozenset[str]:
+        """This scope's kept forks, whichever key recorded them: a sweep only deletes those its
+        own listing shows (a rotated key still sees the account's sandboxes)."""
         with self._tx() as db:
-            rows = db.execute(
-                "SELECT sandbox_id FROM kept_forks WHERE tag=? AND key_hash=?", (tag, key_hash)
-            ).fetchall()
+            rows = db.execute("SELECT sandbox_id FROM kept_forks WHERE tag=?", (tag,)).fetchall()
         return frozenset(sandbox_id for (sandbox_id,) in rows)
 
 

@@ -132,9 +132,7 @@ class Reaper:
                     await self._warn(f"Could not list the kept CreateOS sandboxes: {exc}")
                     return deleted
                 config = call.config
-                forks = await anyio.to_thread.run_sync(
-                    self.runtime.journal.kept_forks, _tag(call), call.scope("").key_hash
-                )
+                forks = await anyio.to_thread.run_sync(self.runtime.journal.kept_forks, _tag(call))
                 choices = select_for_reaping(
                     views,
                     tag=_tag(call),
