@@ -15,7 +15,7 @@ import anyio
 
 from .core import EmulatorCore, Fault
 from .hostscan import scan_host
-from .http import Request, Response
+from .http_messages import Request, Response
 from .jsend import ApiError, bad_request, fail, not_found, ok
 from .sandbox_spec import LIVE
 

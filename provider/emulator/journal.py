@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from .http import StreamCut
+from .http_messages import StreamCut
 
 FRAME_MAX = 128 * 1024  # raw bytes per data frame (at most a quarter of the journal)
 FRAME_TAIL = b'"}\n'

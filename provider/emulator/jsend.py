@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from .http import Response
+from .http_messages import Response
 
 _encoder = msgspec.json.Encoder()
 

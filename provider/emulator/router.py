@@ -12,7 +12,7 @@ import anyio
 
 from .core import EmulatorCore, Fault
 from .guest import GuestGone
-from .http import Request, Response
+from .http_messages import Request, Response
 from .ids import request_id
 from .jsend import ApiError, default_for, error, fail, json_response
 

@@ -14,7 +14,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .guest import ExitInfo, GuestGone, GuestOpError
-from .http import FileBody, Response
+from .http_messages import FileBody, Response
 from .jsend import ApiError, bad_request, conflict, ok
 from .processes import run_exec
 from .route_inputs import json_body, require_running, sandbox_of

@@ -10,7 +10,7 @@ import signal
 import anyio
 
 from .guest import GuestGone, GuestOpError
-from .http import Response
+from .http_messages import Response
 from .journal import follow
 from .jsend import ApiError, bad_request, conflict, fail, not_found, ok
 from .processes import MAX_INPUT, MAX_QUEUED_INPUT, SIGNALS, ManagedProcess

@@ -12,7 +12,7 @@ import logging
 import anyio
 
 from . import catalog
-from .http import Response
+from .http_messages import Response
 from .ids import random_name
 from .images import ImageError
 from .jsend import ApiError, bad_request, conflict, error, ok
