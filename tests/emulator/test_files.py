@@ -6,11 +6,12 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from provider.emulator import Emulator
 
-from .helpers import api, create_sandbox, data, sh
+from .helpers import KEY, api, create_sandbox, data, sh
 
 pytestmark = pytest.mark.anyio
 
@@ -151,3 +152,25 @@ async def test_unshare_net_leaves_only_loopback(emulator: Emulator) -> None:
         sandbox_id = await create_sandbox(client)
         result = await sh(client, sandbox_id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
         assert result["stdout"].split() == ["lo"]
+
+
+async def test_an_upload_cut_mid_body_writes_nothing_and_the_server_keeps_serving(
+    emulator: Emulator,
+) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        host, port = emulator.base_url.removeprefix("http://").rsplit(":", 1)
+        target = f"/v1/sandboxes/{sandbox_id}/files?path=/tmp/cut.bin"
+        head = (
+            f"PUT {target} HTTP/1.1\r\nHost: {host}\r\nX-Api-Key: {KEY}\r\n"
+            "Content-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n"
+        ).encode()
+        async with await anyio.connect_tcp(host, int(port)) as raw:
+            await raw.send(head + b"x" * 1000)  # a tenth of the promised body, then hang up
+        for _ in range(3):  # the cut request's connection is gone; new ones are served
+            got = await client.get(
+                f"/v1/sandboxes/{sandbox_id}/files", params={"path": "/tmp/cut.bin"}
+            )
+            assert got.status_code == 404
+        listing = await sh(client, sandbox_id, "ls -A /tmp")
+        assert "cut.bin" not in listing["stdout"]
