@@ -9,7 +9,7 @@ Where the worker's state goes: the manager builds the worker's environment as
 ``{...options.env, PATH, NODE_PATH, PAPERCLIP_PLUGIN_ID, NODE_ENV, TZ}`` (plugin-worker-manager.js
 ``spawnProcess``), so what a caller passes as ``env`` to ``startWorker`` does reach the worker; only
 the server's *own* environment is scrubbed. Each test passes its own ``XDG_STATE_HOME`` (the journal
-lands in ``<tmp>/state/paperclip-createos/leases.sqlite3``, never in ``<repo>/.state``) and its own
+lands in ``<tmp>/state/paperclip-createos/leases.sqlite3``, never in a default folder) and its own
 ``TMPDIR`` (the system temp folder of uploads, so other tests' transfers never show up in the
 leftover check). ``PAPERCLIP_CREATEOS_PACE_MS`` shortens request pacing the same way.
 """
@@ -29,9 +29,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from provider.devtools.host_peer import REPO_ROOT, HostPeer
+from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import wait_until_gone
+from provider.driver.journal import state_dirs
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 
@@ -146,17 +147,21 @@ def temp_leftovers(*folders: Path) -> list[Path]:
     )
 
 
-def repo_state_rows(api_url: str) -> int:
-    """Rows for this test's emulator in the checkout's own journal (it must stay untouched)."""
-    path = REPO_ROOT / ".state" / "leases.sqlite3"
-    if not path.exists():
-        return 0
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        tables = ("processes", "creates", "unconfirmed")
-        return sum(
-            db.execute(f"SELECT count(*) FROM {t} WHERE api_url=?", (api_url,)).fetchone()[0]
-            for t in tables
-        )
+def default_state_rows(api_url: str) -> int:
+    """Rows for this test's emulator in the journals of the default state folders (the
+    account's home, the checkout's .state): they must stay untouched."""
+    rows = 0
+    for folder in state_dirs({}):
+        path = folder / "leases.sqlite3"
+        if not path.exists():
+            continue
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            tables = ("processes", "creates", "unconfirmed")
+            rows += sum(
+                db.execute(f"SELECT count(*) FROM {t} WHERE api_url=?", (api_url,)).fetchone()[0]
+                for t in tables
+            )
+    return rows
 
 
 @pytest.fixture
@@ -171,7 +176,7 @@ async def rig(emulator: Emulator, tmp_path: Path) -> AsyncIterator[Rig]:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(PeerCallError):
                     await peer.stop_worker()
-    assert repo_state_rows(emulator.base_url) == 0
+    assert default_state_rows(emulator.base_url) == 0
 
 
 async def sandbox_pids(rig: Rig, sandbox_id: str) -> set[int]:
