@@ -1,22 +1,19 @@
-"""CreateOSClient against exact HTTP scripts (pytest-httpserver, httpx.MockTransport)."""
+"""The client core against exact HTTP scripts: the wire, envelopes, statuses, retries, transport
+errors and identifiers (provider/createos/core.py, models.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from pathlib import Path
-from typing import Any
-from urllib.parse import quote
 
 import anyio
 import httpx
 import pytest
 from pytest_httpserver import HTTPServer
-from werkzeug import Request, Response
+from werkzeug import Response
 
-from provider.createos.client import UPLOAD_CHUNK, CreateOSClient
+from provider.createos.client import CreateOSClient
 from provider.createos.errors import (
     APIConnectionError,
     APIProtocolError,
@@ -24,45 +21,16 @@ from provider.createos.errors import (
     APITimeout,
     AuthError,
     Conflict,
-    CreateOSError,
     InvalidIdentifier,
     NotFound,
-    OutputEvicted,
     RateLimited,
     ServerError,
 )
-from provider.createos.models import ExecResult, ProcessView, SandboxView
+from provider.createos.models import SandboxView
 from tests.createos.conftest import API_KEY, CountingPacer
+from tests.createos.scripts import PROC, SB, fail, ok, process, running
 
 pytestmark = pytest.mark.anyio
-
-SB = "sb_01J8ZABCDEFGHJKMNPQRSTVWXY"
-PROC = "proc_01J9A"
-
-
-def ok(data: Any, status: int = 200) -> Response:
-    return Response(
-        json.dumps({"status": "success", "data": data}),
-        status=status,
-        content_type="application/json",
-    )
-
-
-def fail(status: int, data: Any = None, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        json.dumps({"status": "fail", "data": data}),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-def running(sandbox_id: str = SB) -> dict[str, Any]:
-    return {"id": sandbox_id, "status": "running", "name": "pc-1", "shape": "s-1vcpu-1gb"}
-
-
-def process(state: str = "running", **extra: Any) -> dict[str, Any]:
-    return {"process_id": PROC, "state": state, "pid": 42, **extra}
 
 
 # ---------------------------------------------------------------- wire basics
@@ -337,37 +305,6 @@ async def test_posts_are_retried_on_429(
     assert len(delays) == 1
 
 
-async def test_create_sandbox_sends_the_exact_body_and_returns_the_id(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request("/v1/sandboxes", method="POST").respond_with_response(
-        ok({"id": SB}, status=201)
-    )
-
-    sandbox_id = await client.create_sandbox(
-        shape="s-1vcpu-1gb", name="pc-token", rootfs="devbox:1", region=None
-    )
-
-    assert sandbox_id == SB
-    assert httpserver.log[0][0].get_json() == {
-        "shape": "s-1vcpu-1gb",
-        "name": "pc-token",
-        "rootfs": "devbox:1",
-        "ingress_enabled": False,
-    }
-
-
-async def test_create_sandbox_refuses_an_invalid_id_in_the_answer(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request("/v1/sandboxes", method="POST").respond_with_response(
-        ok({"id": "../../etc", "status": "running"})
-    )
-
-    with pytest.raises(APIProtocolError, match="valid sandbox id"):
-        await client.create_sandbox(shape="s", name="n", rootfs=None, region="us")
-
-
 class Refused:
     """A MockTransport handler that fails every request at the transport level."""
 
@@ -494,254 +431,6 @@ async def test_longest_valid_id_is_accepted(httpserver: HTTPServer, client: Crea
     )
 
     assert (await client.get_sandbox(longest)).id == longest
-
-
-async def test_file_path_is_encoded_like_encode_uri_component(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    path = "/paperclip-workspace/a b/ü€!~*'()&=?#%+;,.txt"
-    seen: list[tuple[bytes, str]] = []
-
-    def handler(request: Request) -> Response:
-        seen.append((request.query_string, request.args["path"]))
-        return ok({"bytes": 1, "path": path})
-
-    httpserver.expect_request(f"/v1/sandboxes/{SB}/files", method="PUT").respond_with_handler(
-        handler
-    )
-
-    await client.put_file(SB, path, b"x")
-
-    expected = "path=" + quote(path, safe="!~*'()")
-    assert seen == [(expected.encode(), path)]
-    assert "%20" in expected and "!~*'()" in expected and "%26" in expected
-
-
-# ---------------------------------------------------------------- files
-
-
-async def test_put_file_streams_a_path_in_chunks_and_is_retried(
-    httpserver: HTTPServer, client: CreateOSClient, tmp_path: Path, delays: list[float]
-) -> None:
-    content = bytes(range(256)) * (4 * UPLOAD_CHUNK // 256) + b"tail!"
-    source = tmp_path / "data"
-    source.write_bytes(content)
-    bodies: list[tuple[bytes, str | None, str | None]] = []
-
-    def handler(request: Request) -> Response:
-        bodies.append(
-            (request.get_data(), request.headers.get("Content-Length"), request.content_type)
-        )
-        return fail(503) if len(bodies) == 1 else ok({"bytes": len(content)})
-
-    httpserver.expect_request(f"/v1/sandboxes/{SB}/files", method="PUT").respond_with_handler(
-        handler
-    )
-    progress: list[int] = []
-
-    await client.put_file(SB, "/tmp/data", source, on_progress=progress.append)
-
-    assert len(bodies) == 2
-    for body, length, content_type in bodies:
-        assert body == content
-        assert length == str(len(content))
-        assert content_type == "application/octet-stream"
-    # One report per chunk of at most UPLOAD_CHUNK bytes, restarting with the retry.
-    steps = [b - a for a, b in zip([0, *progress], progress, strict=False) if b > a]
-    assert max(steps) <= UPLOAD_CHUNK
-    assert progress.count(len(content)) == 2
-    assert len(progress) == 2 * 5
-
-
-async def test_put_file_uploads_empty_bytes(httpserver: HTTPServer, client: CreateOSClient) -> None:
-    httpserver.expect_request(
-        f"/v1/sandboxes/{SB}/files", method="PUT", data=b""
-    ).respond_with_response(ok({}))
-
-    await client.put_file(SB, "/tmp/gate", b"")
-
-    assert httpserver.log[0][0].headers.get("Content-Length") == "0"
-
-
-async def test_get_file_streams_raw_bytes(httpserver: HTTPServer, client: CreateOSClient) -> None:
-    blob = bytes(range(256)) * 4096
-    httpserver.expect_request(
-        f"/v1/sandboxes/{SB}/files", query_string={"path": "/tmp/blob"}
-    ).respond_with_data(blob, content_type="application/octet-stream")
-
-    received = bytearray()
-    async with client.get_file(SB, "/tmp/blob") as body:
-        async for chunk in body:
-            received += chunk
-
-    assert bytes(received) == blob
-
-
-async def test_get_file_status_errors_are_raised_on_enter(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request(f"/v1/sandboxes/{SB}/files").respond_with_response(fail(404))
-    entered = False
-
-    with pytest.raises(NotFound, match="download file"):
-        async with client.get_file(SB, "/tmp/missing"):
-            entered = True
-
-    assert not entered
-
-
-async def test_connect_410_is_output_evicted_on_enter(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request(
-        f"/v1/sandboxes/{SB}/processes/{PROC}/connect", query_string="after=5"
-    ).respond_with_response(fail(410))
-
-    with pytest.raises(OutputEvicted):
-        async with client.connect(SB, PROC, after=5):
-            pass
-
-
-# ---------------------------------------------------------------- lists and payloads
-
-
-async def test_list_sandboxes_advances_by_items_returned_and_stops_at_total(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    total = 250
-    offsets: list[tuple[str, str, str | None]] = []
-
-    def handler(request: Request) -> Response:
-        offset = int(request.args["offset"])
-        offsets.append((request.args["offset"], request.args["limit"], request.args.get("status")))
-        items = [running(f"sb_{i}") for i in range(offset, min(offset + 70, total))]
-        pagination = {"total": total, "limit": 70, "offset": offset, "count": len(items)}
-        return ok({"data": items, "pagination": pagination})
-
-    httpserver.expect_request("/v1/sandboxes", method="GET").respond_with_handler(handler)
-
-    views = await client.list_sandboxes(status="running")
-
-    assert [v.id for v in views] == [f"sb_{i}" for i in range(total)]
-    assert [o[0] for o in offsets] == ["0", "70", "140", "210"]
-    assert {o[2] for o in offsets} == {"running"}
-
-
-@pytest.mark.parametrize(
-    "data",
-    [
-        pytest.param([running("sb_a"), running("sb_b")], id="bare-array"),
-        pytest.param({"sandboxes": [running("sb_a"), running("sb_b")]}, id="named-key"),
-    ],
-)
-async def test_list_sandboxes_accepts_older_list_shapes_as_one_page(
-    httpserver: HTTPServer, client: CreateOSClient, data: Any
-) -> None:
-    httpserver.expect_request("/v1/sandboxes").respond_with_response(ok(data))
-
-    views = await client.list_sandboxes()
-
-    assert [v.id for v in views] == ["sb_a", "sb_b"]
-    assert len(httpserver.log) == 1
-
-
-async def test_delete_sandbox_returns_the_answered_status_and_404_raises(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_ordered_request(f"/v1/sandboxes/{SB}", method="DELETE").respond_with_response(
-        ok({"id": SB, "status": "destroyed"})
-    )
-    httpserver.expect_ordered_request(f"/v1/sandboxes/{SB}", method="DELETE").respond_with_response(
-        fail(404)
-    )
-
-    assert await client.delete_sandbox(SB) == "destroyed"
-    with pytest.raises(NotFound):
-        await client.delete_sandbox(SB)
-
-
-async def test_exec_sends_argv_and_stdin_and_reads_the_result(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request(
-        f"/v1/sandboxes/{SB}/exec",
-        method="POST",
-        json={"cmd": "/bin/cat", "args": ["-"], "stdin": "hi"},
-    ).respond_with_response(
-        ok({"result": {"stdout": "hi", "stderr": "", "exit_code": 0}, "exec_ms": 3.5})
-    )
-
-    result = await client.exec(SB, "/bin/cat", ["-"], stdin="hi")
-
-    assert result == ExecResult("hi", "", 0, None)
-
-
-async def test_exec_launch_failure_without_exit_code_reads_as_minus_one(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request(f"/v1/sandboxes/{SB}/exec").respond_with_response(
-        ok({"result": {"stdout": "", "stderr": "", "error": "no such file"}})
-    )
-
-    result = await client.exec(SB, "/nope", [])
-
-    assert result.exit_code == -1
-    assert result.error == "no such file"
-
-
-async def test_process_calls_use_their_endpoints(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    base = f"/v1/sandboxes/{SB}/processes"
-    httpserver.expect_request(
-        base,
-        method="POST",
-        json={"cmd": "/bin/bash", "args": ["-lc", "x"], "cwd": "/w"},
-    ).respond_with_response(ok(process("starting")))
-    httpserver.expect_request(f"{base}/{PROC}", method="GET").respond_with_response(
-        ok(process("exited", exit_code=7, leader_exited=True))
-    )
-    httpserver.expect_request(
-        f"{base}/{PROC}", method="DELETE", query_string="grace_ms=1000"
-    ).respond_with_response(ok(process("exited", signal="SIGTERM", tree_exited=True)))
-
-    created = await client.create_process(SB, cmd="/bin/bash", args=["-lc", "x"], cwd="/w")
-    read = await client.get_process(SB, PROC)
-    killed = await client.delete_process(SB, PROC, grace_ms=1000)
-
-    assert created == ProcessView(PROC, "starting", pid=42)
-    assert (read.exit_code, read.leader_exited, read.tree_exited) == (7, True, False)
-    assert (killed.signal, killed.tree_exited) == ("SIGTERM", True)
-
-
-async def test_process_view_with_a_boolean_pid_is_a_protocol_error(
-    httpserver: HTTPServer, client: CreateOSClient
-) -> None:
-    httpserver.expect_request(f"/v1/sandboxes/{SB}/processes/{PROC}").respond_with_response(
-        ok({"process_id": PROC, "state": "running", "pid": True})
-    )
-
-    with pytest.raises(APIProtocolError):
-        await client.get_process(SB, PROC)
-
-
-async def test_put_file_fails_cleanly_when_the_source_shrinks_mid_upload(
-    httpserver: HTTPServer, client: CreateOSClient, tmp_path: Path, delays: list[float]
-) -> None:
-    source = tmp_path / "data"
-    source.write_bytes(b"x" * (3 * UPLOAD_CHUNK))
-    httpserver.expect_request(f"/v1/sandboxes/{SB}/files", method="PUT").respond_with_response(
-        ok({})
-    )
-
-    def shrink(sent: int) -> None:
-        with source.open("r+b") as handle:
-            handle.truncate(sent)
-
-    with pytest.raises(CreateOSError, match="shrank"):
-        await client.put_file(SB, "/tmp/data", source, on_progress=shrink)
-
-    assert delays == []
 
 
 async def test_a_pending_cancellation_wins_over_a_retryable_error(delays: list[float]) -> None:
