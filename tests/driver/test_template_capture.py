@@ -1,0 +1,273 @@
+"""Template capture, leases forked from a template and template delete through the real driver on
+the emulator (provider-behavior.md 8.3-8.4, checklist 82 without the attach helper, 83 and 85)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import pytest
+
+from provider.driver import forks
+from provider.driver.runtime import deadline, deadline_warning
+from provider.driver.templates import endpoint_digest
+from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError, RequestRefused
+from tests.driver.conftest import Harness
+from tests.driver.templates_support import (
+    SETUP_FILE,
+    alive_processes,
+    capture,
+    gone,
+    host_redact,
+    record_bodies,
+    session_params,
+    sh,
+    start,
+    start_shell,
+    template,
+    template_config,
+    view,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+# -- capture, cancel promoted, acquire from the template (checklists 82 and 83) ---------------
+
+
+async def test_capture_pauses_the_sandbox_without_processes_and_acquire_forks_it(
+    harness: Harness,
+) -> None:
+    h = harness
+    session = await start(h)
+    sandbox_id = session["providerLeaseId"]
+    assert (await sh(h, sandbox_id, f"echo prepared > {SETUP_FILE}"))["exit_code"] == 0
+    await start_shell(h, sandbox_id)
+    assert await alive_processes(h, sandbox_id)
+
+    captured = await capture(h, session)
+    assert captured["templateRef"] == sandbox_id
+    assert captured["templateKind"] == "snapshot"
+    metadata = captured["metadata"]
+    assert set(metadata) == {"provider", "environmentId", "endpointDigest", "capturedAt"}
+    assert metadata["provider"] == "createos"
+    assert metadata["environmentId"] == h.environment_id
+    assert metadata["endpointDigest"] == endpoint_digest(h.emulator.base_url)
+    assert host_redact(metadata) == metadata
+    sandbox = await view(h, sandbox_id)
+    assert sandbox is not None and sandbox["status"] == "paused"
+    assert await alive_processes(h, sandbox_id) == []
+
+    before = await h.request_count()
+    kept = await h.methods.cancel_setup(session_params(h, session, reason="promoted"))
+    assert kept == {
+        "status": "cancelled",
+        "metadata": {"provider": "createos", "templateKept": True},
+    }
+    assert await h.request_count() == before
+
+    # Checklist 83: a lease of the bound environment forks the template.
+    await h.emulator.admin.add_fault(
+        "POST", rf"^/v1/sandboxes/{sandbox_id}/fork$", times=2, status=409
+    )
+    sent = record_bodies(h)
+    since = await h.request_count()
+    config = template_config(sandbox_id, reuseLease=True, autoPauseAfterSeconds=600)
+    lease = await h.acquire(**config)
+    lease_id = lease["providerLeaseId"]
+    assert lease_id != sandbox_id
+    forks_sent = [b for m, p, b in sent if p == f"/v1/sandboxes/{sandbox_id}/fork"]
+    body = {"start_paused": False, "egress": ["*"], "ingress_enabled": False}
+    assert forks_sent == [body, body, body]  # two scripted 409s, then the fork
+    log = (await h.emulator.admin.requests())[since:]
+    fork_statuses = [r["status"] for r in log if r["path"].endswith("/fork")]
+    assert fork_statuses == [409, 409, 200]
+    calls = [(m, p) for m, p, _ in sent]
+    patch_at = calls.index(("PATCH", f"/v1/sandboxes/{lease_id}"))
+    assert [b for m, _, b in sent if m == "PATCH"] == [{"auto_pause_after_seconds": 600}]
+    assert ("GET", f"/v1/sandboxes/{lease_id}") in calls[:patch_at]  # waited for running
+    assert calls[patch_at + 1] == ("POST", f"/v1/sandboxes/{lease_id}/exec")  # the marker
+    assert not [p for m, p in calls if (m, p) == ("POST", "/v1/sandboxes")]  # nothing created
+    leased = await view(h, lease_id)
+    assert leased is not None and leased["auto_pause_after_seconds"] == 600
+
+    meta = lease["metadata"]
+    assert meta["snapshot"] == sandbox_id and meta["rootfs"] is None
+    assert meta["marker"] != session["metadata"]["setupMarker"]  # a new marker replaced it
+    result = await h.methods.execute(
+        {**h.with_lease(lease, **config), "command": "cat", "args": [SETUP_FILE]}
+    )
+    assert result["exitCode"] == 0 and result["stdout"] == "prepared\n"
+
+    # Resume: a changed snapshot is gone without a request; the same one resumes.
+    receipt = await h.methods.release(h.lease_ref(lease, **config))
+    assert receipt == {"providerLeaseId": lease_id, "state": "stopped"}
+    before = await h.request_count()
+    changed = await h.methods.resume(
+        h.lease_ref(lease, **template_config("sb_other", reuseLease=True))
+    )
+    assert changed == {"providerLeaseId": None, "metadata": {"expired": True}}
+    assert await h.request_count() == before
+    resumed = await h.methods.resume(h.lease_ref(lease, **config))
+    assert resumed["providerLeaseId"] == lease_id
+    template_view = await view(h, sandbox_id)
+    assert template_view is not None and template_view["status"] == "paused"
+
+
+async def test_a_disposable_lease_of_a_template_disarms_the_inherited_idle_pause(
+    harness: Harness,
+) -> None:
+    h = harness
+    ref, _ = await template(h)
+    sent = record_bodies(h)
+    lease = await h.acquire(workspace=False, **template_config(ref, egressAllowlist=["github.com"]))
+    forks_sent = [b for m, p, b in sent if p.endswith("/fork")]
+    assert forks_sent == [
+        {"start_paused": False, "egress": ["github.com"], "ingress_enabled": False}
+    ]
+    assert [b for m, _, b in sent if m == "PATCH"] == [{"disable_auto_pause": True}]
+    assert lease["metadata"]["reuseLease"] is False
+    receipt = await h.methods.release(h.lease_ref(lease, **template_config(ref)))
+    assert receipt is not None and receipt["state"] == "destroyed"
+
+
+async def test_a_gone_template_refuses_acquire_and_a_failed_setup_deletes_the_fork(
+    harness: Harness,
+) -> None:
+    h = harness
+    with pytest.raises(ProviderError, match="no longer exists"):
+        await h.acquire(**template_config("sb_00000000000000000000000000"))
+    ref, _ = await template(h)
+    await h.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/exec$", status=503)
+    since = await h.request_count()
+    with pytest.raises(ProviderError, match="503"):
+        await h.acquire(**template_config(ref))
+    log = (await h.emulator.admin.requests())[since:]
+    (failed,) = [r["path"] for r in log if r["path"].endswith("/exec")]
+    fork_id = failed.split("/")[3]
+    assert fork_id != ref
+    assert ("DELETE", f"/v1/sandboxes/{fork_id}") in [(r["method"], r["path"]) for r in log]
+    assert await gone(h, fork_id)
+    template_view = await view(h, ref)
+    assert template_view is not None and template_view["status"] == "paused"
+
+
+async def test_a_fork_of_unknown_outcome_warns_that_a_sandbox_may_be_left_behind(
+    harness: Harness,
+) -> None:
+    h = harness
+    ref, _ = await template(h)
+    await h.emulator.admin.add_fault("POST", r"/fork$", status=503)
+    with pytest.raises(CleanupUnconfirmed, match=f"forked from template {ref} may have been"):
+        await h.acquire(**template_config(ref))
+
+
+async def test_a_fork_that_keeps_answering_409_gives_up_after_its_retries(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    ref, _ = await template(h)
+    monkeypatch.setattr(forks, "FORK_CONFLICT_RETRIES", 2)
+    await h.emulator.admin.add_fault("POST", r"/fork$", times=5, status=409)
+    since = await h.request_count()
+    with pytest.raises(ProviderError, match="409 after 2 retries"):
+        await h.acquire(**template_config(ref))
+    log = (await h.emulator.admin.requests())[since:]
+    assert [r["status"] for r in log if r["path"].endswith("/fork")] == [409, 409, 409]
+
+
+async def test_capture_refuses_a_sandbox_whose_marker_is_not_the_sessions(
+    harness: Harness,
+) -> None:
+    h = harness
+    session = await start(h)
+    other = {**session, "metadata": {**session["metadata"], "setupMarker": str(uuid.uuid4())}}
+    with pytest.raises(ProviderError, match="marker"):
+        await capture(h, other)
+    sandbox = await view(h, session["providerLeaseId"])
+    assert sandbox is not None and sandbox["status"] == "running"
+    with pytest.raises(InvalidParams):
+        await h.methods.capture_template(session_params(h, session, timeoutMs=0))
+
+
+# -- delete template (checklist 85) -----------------------------------------------------------
+
+
+def delete_params(h: Harness, ref: str, metadata: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    # The host stores our capture metadata with its own keys beside it.
+    stored = {**metadata, "setupRpcCompanyId": h.company_id, "runtimeConfigBinding": {}}
+    return {
+        **h.call(),
+        "templateRef": ref,
+        "templateKind": "snapshot",
+        "metadata": stored,
+        "reason": "disabled",
+        **extra,
+    }
+
+
+async def test_delete_template_deletes_a_paused_template_and_accepts_a_gone_one(
+    harness: Harness,
+) -> None:
+    h = harness
+    ref, metadata = await template(h)
+    assert await h.methods.delete_template(delete_params(h, ref, metadata)) == {"deleted": True}
+    assert await gone(h, ref)
+    assert await h.methods.delete_template(delete_params(h, ref, metadata)) == {"deleted": True}
+    unknown = "sb_0000000000000000000000NONE"
+    since = await h.request_count()
+    assert await h.methods.delete_template(delete_params(h, unknown, metadata)) == {"deleted": True}
+    log = (await h.emulator.admin.requests())[since:]
+    assert [(r["method"], r["status"]) for r in log] == [("GET", 404)]
+
+
+async def test_delete_template_refuses_a_running_sandbox_and_foreign_metadata(
+    harness: Harness,
+) -> None:
+    h = harness
+    ref, metadata = await template(h)
+    session = await start(h)
+    running = session["providerLeaseId"]
+    since = await h.request_count()
+    with pytest.raises(ProviderError, match="running"):
+        await h.methods.delete_template(delete_params(h, running, metadata))
+    log = (await h.emulator.admin.requests())[since:]
+    assert not [r for r in log if r["method"] == "DELETE"]
+    sandbox = await view(h, running)
+    assert sandbox is not None and sandbox["status"] == "running"
+
+    before = await h.request_count()
+    refusals: list[tuple[str, dict[str, Any]]] = [
+        ("another environment", delete_params(h, ref, {**metadata, "environmentId": "env-2"})),
+        (
+            "another API endpoint",
+            delete_params(h, ref, {**metadata, "endpointDigest": endpoint_digest("https://x.y")}),
+        ),
+        ("not captured by the CreateOS", delete_params(h, ref, {})),
+        ("another kind", delete_params(h, ref, metadata, templateKind="image")),
+        ("not a valid CreateOS sandbox id", delete_params(h, "sb/../1", metadata)),
+    ]
+    for message, params in refusals:
+        with pytest.raises(RequestRefused, match=message):
+            await h.methods.delete_template(params)
+    assert await h.request_count() == before
+    template_view = await view(h, ref)
+    assert template_view is not None and template_view["status"] == "paused"
+
+
+# -- the deadline's warning of an interrupted fork ---------------------------------------------
+
+
+async def test_a_deadline_names_the_warning_of_the_block_it_interrupted() -> None:
+    interrupted = pytest.raises(ProviderError, match=r"within 0\.05 s\. a fork may be left$")
+    with interrupted, deadline(0.05, "Forking"), deadline_warning("a fork may be left"):
+        await anyio.sleep(5)
+    with pytest.raises(ProviderError, match=r"within 0\.05 s\.$"), deadline(0.05, "Forking"):
+        with pytest.raises(KeyError), deadline_warning("a fork may be left"):
+            raise KeyError("answered")  # a definite answer: nothing is left behind
+        with deadline_warning("done"):
+            pass
+        await anyio.sleep(5)  # the deadline fires outside any warning
+    with deadline_warning("outside any deadline"):
+        pass
