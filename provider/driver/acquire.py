@@ -24,7 +24,7 @@ from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams
 from provider.driver.placement import Placement, plan_placement
 from provider.driver.recovery import recover_orphans
-from provider.driver.reuse import name_token, scope_tag
+from provider.driver.reuse import name_token
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -65,9 +65,8 @@ async def acquire(
         with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
             sandbox_id, marker = await provision_sandbox(client, call, runtime.journal, placement)
     if placement.reusable and placement.snapshot is not None:  # a fork: no name to find it by
-        tag = scope_tag(call.company_id, call.environment_id, call.config.api_url)
         await anyio.to_thread.run_sync(
-            runtime.journal.add_kept_fork, tag, call.scope("").key_hash, sandbox_id
+            runtime.journal.add_kept_fork, call.scope_tag, call.scope("").key_hash, sandbox_id
         )
     if placement.reusable and on_reusable is not None:
         on_reusable(call, sandbox_id)
@@ -130,7 +129,7 @@ async def provision_sandbox(
             client, call, sandbox_id, status=status, patch=placement.window_patch()
         )
         return sandbox_id, marker
-    token = name or name_token(scope_tag(call.company_id, call.environment_id, call.config.api_url))
+    token = name or name_token(call.scope_tag)
     key_hash = call.scope("").key_hash
     await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
     unresolved = False
@@ -209,15 +208,11 @@ async def create_sandbox(
             region=config.region,
             **placement.create_fields(),
         )
-    except APIStatusError as exc:
-        if isinstance(exc, RateLimited) or exc.status < 500:
-            raise  # a definite rejection: nothing was created
-        found = await _reap_by_name(client, token, call, exc)
-        if not found and on_unresolved is not None:
-            on_unresolved()
-        raise
     except BaseException as exc:
-        # Transport failure, malformed answer, deadline or cancellation mid-call: unknown outcome.
+        if isinstance(exc, APIStatusError) and (isinstance(exc, RateLimited) or exc.status < 500):
+            raise  # a definite rejection: nothing was created
+        # A 5xx, a transport failure, a malformed answer, the deadline or a cancellation
+        # mid-call: the outcome is unknown.
         found = await _reap_by_name(client, token, call, exc)
         if not found and on_unresolved is not None:
             on_unresolved()

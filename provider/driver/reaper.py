@@ -35,7 +35,7 @@ from typing import Any, Final
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.driver.reuse import ReapChoice, scope_tag, select_for_reaping
+from provider.driver.reuse import ReapChoice, select_for_reaping
 from provider.driver.runtime import BoundCall, DriverRuntime, deadline
 from provider.driver.sandbox_ops import delete_sandbox_confirmed
 from provider.errors import ProviderError
@@ -99,7 +99,7 @@ class Reaper:
     def _schedule(self, call: BoundCall, lease_id: str, *, current_kept: bool) -> None:
         if not call.config.reuse_lease:
             return
-        key = (_tag(call), call.scope("").key_hash)
+        key = (call.scope_tag, call.scope("").key_hash)
         now = self.monotonic()
         last = self._last_sweep.get(key)
         if last is not None and now - last < self.interval:
@@ -131,11 +131,11 @@ class Reaper:
                 except ProviderError as exc:
                     await self._warn(f"Could not list the kept CreateOS sandboxes: {exc}")
                     return deleted
-                config = call.config
-                forks = await anyio.to_thread.run_sync(self.runtime.journal.kept_forks, _tag(call))
+                config, tag = call.config, call.scope_tag
+                forks = await anyio.to_thread.run_sync(self.runtime.journal.kept_forks, tag)
                 choices = select_for_reaping(
                     views,
-                    tag=_tag(call),
+                    tag=tag,
                     now=self.wall_clock(),
                     max_idle_seconds=config.reuse_max_idle_seconds,
                     max_kept=config.reuse_max_kept_sandboxes,
@@ -173,7 +173,3 @@ class Reaper:
 
     async def _warn(self, message: str) -> None:
         await self.log("warn", message, None)
-
-
-def _tag(call: BoundCall) -> str:
-    return scope_tag(call.company_id, call.environment_id, call.config.api_url)

@@ -27,6 +27,7 @@ from provider.driver.background import BackgroundTasks
 from provider.driver.journal import LeaseJournal
 from provider.driver.keepalive import default_interval
 from provider.driver.params import CallParams
+from provider.driver.reuse import scope_tag
 from provider.driver.tracker import LeaseTracker, ScopeKey
 from provider.errors import ProviderError, RequestRefused
 
@@ -94,6 +95,11 @@ class BoundCall:
     @property
     def timeout(self) -> float:
         return self.config.timeout_ms / 1000
+
+    @property
+    def scope_tag(self) -> str:
+        """This environment's tag in sandbox names and the kept-fork ledger (2.13)."""
+        return scope_tag(self.company_id, self.environment_id, self.config.api_url)
 
 
 def bind_call(runtime: DriverRuntime, params: CallParams) -> BoundCall:
