@@ -41,13 +41,20 @@ class Placement:
     window: int | None  # autoPauseAfterSeconds of a reusable lease; None for a disposable one
     snapshot: str | None = None  # the template sandbox a lease forks (8.4)
 
+    @property
+    def idle_pause(self) -> int | None:
+        """The window CreateOS idle-pauses the sandbox after (a warm lease), else None."""
+        if self.window is not None and self.window >= MIN_AUTO_PAUSE_SECONDS:
+            return self.window
+        return None
+
     def create_fields(self) -> dict[str, Any]:
         """What the create body adds: ``egress`` when restrictive, the window when warm."""
         fields: dict[str, Any] = {}
         if self.effective_egress:
             fields["egress"] = list(self.effective_egress)
-        if self.window is not None and self.window >= MIN_AUTO_PAUSE_SECONDS:
-            fields["auto_pause_after_seconds"] = self.window
+        if self.idle_pause is not None:
+            fields["auto_pause_after_seconds"] = self.idle_pause
         return fields
 
     def fork_egress(self) -> list[str]:
@@ -57,8 +64,8 @@ class Placement:
     def window_patch(self) -> dict[str, Any]:
         """The PATCH a fork gets (2.10.2), as :meth:`CreateOSClient.patch_sandbox` keywords: a
         warm window arms the idle pause, anything else disarms the one the fork inherited."""
-        if self.window is not None and self.window >= MIN_AUTO_PAUSE_SECONDS:
-            return {"auto_pause_after_seconds": self.window}
+        if self.idle_pause is not None:
+            return {"auto_pause_after_seconds": self.idle_pause}
         return {"disable_auto_pause": True}
 
     def metadata(self) -> dict[str, Any]:
@@ -153,7 +160,7 @@ def stored_egress(metadata: Mapping[str, Any]) -> list[str] | None:
 
 def placement_changed(config: EnvironmentConfig, metadata: Mapping[str, Any]) -> bool:
     """Resume (2.4.2): True when the lease no longer matches the current config, so it is gone
-    without a request."""
+    without a request (resume also checks the stored effective list: :func:`stored_egress`)."""
     adapter = metadata.get("adapterType")
     if adapter is not None and not isinstance(adapter, str):
         return True
@@ -164,8 +171,6 @@ def placement_changed(config: EnvironmentConfig, metadata: Mapping[str, Any]) ->
     if metadata.get("rootfs") != effective_rootfs(config, adapter):
         return True
     if metadata.get("baseEgressAllowlist") != list(config.egress_allowlist):
-        return True
-    if stored_egress(metadata) is None:
         return True
     return metadata.get("reuseLease") is True and not _window_matches(config, metadata)
 

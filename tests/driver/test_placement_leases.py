@@ -110,6 +110,21 @@ async def test_resume_reapplies_the_stored_egress_before_resuming(harness: Harne
     assert await egress_of(h, lease) == ["github.com", "pypi.org"]
 
 
+@pytest.mark.parametrize("stored", [["github.com", "bad rule"], "github.com", None])
+async def test_a_stored_egress_list_that_fails_the_grammar_is_gone_without_a_request(
+    harness: Harness, stored: Any
+) -> None:
+    h = harness
+    config: dict[str, Any] = {"reuseLease": True, "egressAllowlist": ["github.com"]}
+    lease = await acquire(h, **config)
+    await h.methods.release(h.lease_ref(lease, **config))
+    tampered = {**lease, "metadata": {**lease["metadata"], "effectiveEgressAllowlist": stored}}
+    since = await h.request_count()
+    resumed = await h.methods.resume(h.lease_ref(tampered, **config))
+    assert resumed == {"providerLeaseId": None, "metadata": {"expired": True}}
+    assert await h.request_count() == since
+
+
 async def test_rootfs_per_adapter_is_chosen_recorded_and_checked_on_resume(
     harness: Harness,
 ) -> None:
