@@ -68,6 +68,12 @@ class APIStatusError(CreateOSError):
         self.status = status
         self.retry_after = retry_after
 
+    @property
+    def rejected(self) -> bool:
+        """A status below 500 (429 included): the server refused the request and did nothing,
+        so even a create, fork or process start has a known outcome (createos-api.md 1.8)."""
+        return self.status < 500
+
 
 class AuthError(APIStatusError):
     """401 or 403: the key is missing, wrong, or not allowed to do this."""

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.createos.errors import APIStatusError, RateLimited
+from provider.createos.errors import APIStatusError
 from provider.driver.forks import fork_template
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams
@@ -209,7 +209,7 @@ async def create_sandbox(
             **placement.create_fields(),
         )
     except BaseException as exc:
-        if isinstance(exc, APIStatusError) and (isinstance(exc, RateLimited) or exc.status < 500):
+        if isinstance(exc, APIStatusError) and exc.rejected:
             raise  # a definite rejection: nothing was created
         # A 5xx, a transport failure, a malformed answer, the deadline or a cancellation
         # mid-call: the outcome is unknown.

@@ -187,7 +187,7 @@ async def _start_and_follow(
             sandbox_id, cmd="/bin/bash", args=["-lc", script], cwd=spec.cwd
         )
     except APIStatusError as exc:
-        if exc.status < 500:
+        if exc.rejected:
             run.creation_unknown = False  # a definite rejection: nothing started
         raise
     run.process_id = view.process_id

@@ -23,7 +23,6 @@ from provider.createos.errors import (
     Conflict,
     InvalidIdentifier,
     NotFound,
-    RateLimited,
 )
 from provider.driver.placement import Placement
 from provider.driver.runtime import deadline_warning
@@ -67,7 +66,7 @@ async def fork_template(
                 "key): capture a new template in a setup session."
             ) from None
         except APIStatusError as exc:
-            if isinstance(exc, RateLimited) or exc.status < 500:
+            if exc.rejected:
                 raise  # a definite rejection: nothing was forked
             raise CleanupUnconfirmed(f"{exc} {_left_behind(source_id)}") from exc
         except InvalidIdentifier:

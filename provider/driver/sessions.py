@@ -270,7 +270,7 @@ async def start_process(
             pty=pty,
         )
     except APIStatusError as exc:
-        if exc.status < 500:
+        if exc.rejected:
             raise
         await session.poison()
         raise CleanupUnconfirmed(
