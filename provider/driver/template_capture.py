@@ -27,7 +27,7 @@ from provider.driver.sandbox_ops import (
     stop_every_tree,
     transition,
 )
-from provider.driver.templates import TEMPLATE_KIND, check_setup, endpoint_digest
+from provider.driver.templates import TEMPLATE_KIND, check_setup, endpoint_digest, foreign_fields
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 
 #: States in which a sandbox may be in use by a lease (or on its way there): never deleted as
@@ -97,18 +97,17 @@ def _check_template(call: BoundCall, params: DeleteTemplateParams) -> str:
     meta: Mapping[str, Any] = params.metadata if isinstance(params.metadata, Mapping) else {}
     if meta.get("provider") != PROVIDER_NAME:
         raise RequestRefused("This template was not captured by the CreateOS provider.")
-    mismatches = [
-        what
-        for what, key, expected in (
+    foreign = foreign_fields(
+        meta,
+        (
             ("environment", "environmentId", call.environment_id),
             ("API endpoint", "endpointDigest", endpoint_digest(call.config.api_url)),
-        )
-        if meta.get(key) != expected
-    ]
-    if mismatches:
+        ),
+    )
+    if foreign:
         raise RequestRefused(
-            f"This template was captured for another {' and '.join(mismatches)}; it is not "
-            "deleted from this environment."
+            f"This template was captured for another {foreign}; it is not deleted from this "
+            "environment."
         )
     return ref
 

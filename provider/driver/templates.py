@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from provider.config import DEFAULT_API_URL, EnvironmentConfig
@@ -145,6 +145,12 @@ def _source_template(params: StartSetupParams) -> str | None:
     return ref
 
 
+def foreign_fields(meta: Mapping[str, Any], expected: Sequence[tuple[str, str, str]]) -> str:
+    """What ``meta`` names differently from this call, as ``"company and environment"`` (empty
+    when everything matches); ``expected`` holds (what, key, value) triples."""
+    return " and ".join(what for what, key, value in expected if meta.get(key) != value)
+
+
 def check_setup(
     call: BoundCall, lease_id: str | None, metadata: Mapping[str, Any] | None
 ) -> tuple[str, dict[str, Any]]:
@@ -155,19 +161,18 @@ def check_setup(
     meta = metadata if isinstance(metadata, Mapping) else {}
     if meta.get("provider") != PROVIDER_NAME:
         raise RequestRefused("This setup session was not started by the CreateOS provider.")
-    mismatches = [
-        what
-        for what, key, expected in (
+    foreign = foreign_fields(
+        meta,
+        (
             ("company", "companyId", call.company_id),
             ("environment", "environmentId", call.environment_id),
             ("API endpoint", "endpointDigest", endpoint_digest(call.config.api_url)),
-        )
-        if meta.get(key) != expected
-    ]
-    if mismatches:
+        ),
+    )
+    if foreign:
         raise RequestRefused(
-            f"This setup session was started for another {' and '.join(mismatches)}; it cannot "
-            "be used with this environment."
+            f"This setup session was started for another {foreign}; it cannot be used with "
+            "this environment."
         )
     marker = meta.get("setupMarker")
     if not isinstance(marker, str) or not _MARKER_RE.fullmatch(marker):
