@@ -161,12 +161,17 @@ class SyncSession:
                         follow_symlinks=mapping.follow_symlinks,
                     )
                 )
-                files, mode = stats.files, 0o755 if mapping.mode is None else mapping.mode
+                files = stats.files
             else:
-                data = mapping.host_path
-                host_mode = (await anyio.to_thread.run_sync(os.stat, data)).st_mode & 0o777
-                files, mode = 1, host_mode if mapping.mode is None else mapping.mode
-            size = (await anyio.to_thread.run_sync(os.stat, data)).st_size
+                data, files = mapping.host_path, 1
+            info = await anyio.to_thread.run_sync(os.stat, data)  # one stat: size and mode
+            size = info.st_size
+            if mapping.mode is not None:
+                mode = mapping.mode
+            elif mapping.kind == "directory":
+                mode = 0o755
+            else:
+                mode = info.st_mode & 0o777  # the host file's own
             if size > self.part_bytes:
                 parts = sync_parts.part_count(size, self.part_bytes)
                 if parts > sync_parts.MAX_PARTS:
