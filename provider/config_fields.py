@@ -10,11 +10,11 @@ the value itself (an operator may have pasted a secret into the wrong box).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from provider.createos.models import is_valid_id
 from provider.egress_rules import ACCEPTED_FORMS, RuleError, normalize_rule
 from provider.errors import ConfigError
 
@@ -24,7 +24,6 @@ MIN_AUTO_PAUSE_SECONDS: Final = 60
 MAX_AUTO_PAUSE_SECONDS: Final = 86_400
 MAX_ROOTFS_BY_ADAPTER: Final = 64
 MAX_ROOTFS_TEXT: Final = 200
-SNAPSHOT_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a CreateOS id (createos-api.md 1.9)
 
 
 def text_field(raw: Mapping[str, Any], field: str) -> str | None:
@@ -170,7 +169,7 @@ def snapshot(
         value = None
         valid = False
     else:
-        valid = value is None or SNAPSHOT_RE.fullmatch(value) is not None
+        valid = value is None or is_valid_id(value)  # a CreateOS id (createos-api.md 1.9)
     if not valid:
         raise ConfigError(
             f"{field} must be a CreateOS sandbox id (1 to 200 letters, digits, '_' or '-'), "
