@@ -7,6 +7,7 @@ core and the sandboxes (create and fork boot the guest, fork copies the trees in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import anyio
@@ -27,7 +28,6 @@ from .route_inputs import (
     validate_envs,
 )
 from .router import Ctx, Route, route
-from .sandbox_spec import SandboxSpec
 from .sandboxes import Sandbox
 
 log = logging.getLogger("provider.emulator")
@@ -197,19 +197,12 @@ async def fork(ctx: Ctx) -> Response:
         egress = None if source.spec.egress is None else list(source.spec.egress)
     envs = dict(source.spec.envs)
     envs.update(validate_envs(body.get("envs")))
-    spec = SandboxSpec(  # the source's settings, the body's envs on top
-        shape=source.spec.shape,
-        vcpu=source.spec.vcpu,
-        mem_mib=source.spec.mem_mib,
-        rootfs=source.spec.rootfs,
-        region=source.spec.region,
+    spec = dataclasses.replace(  # the source's settings, the body's envs on top
+        source.spec,
         name=random_name(),
-        disk_mib=source.spec.disk_mib,
         egress=egress,
         envs=envs,
-        auto_pause_after_seconds=source.spec.auto_pause_after_seconds,
         ingress_enabled=bool_field(body, "ingress_enabled", source.spec.ingress_enabled),
-        image_root=source.spec.image_root,
     )
     child = core.new_sandbox(spec, ctx.owner, forked_from=source.id)
     child.status = "forking"
