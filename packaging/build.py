@@ -79,9 +79,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def stage_main(
-    stage: Path, release: Release, pins: Pins, files: dict[Wanted, Path], bootstrap: Path
+    stage: Path, package_json: dict[str, Any], files: dict[Wanted, Path], bootstrap: Path
 ) -> None:
-    write_json(stage / "package.json", sources.main_package_json(ROOT, release, pins))
+    write_json(stage / "package.json", package_json)
     for name in COPIED:
         shutil.copy2(ROOT / name, stage / name)
     copy_tree(ROOT / "provider", stage / "provider")
@@ -95,9 +95,13 @@ def stage_main(
 
 
 def stage_runtime(
-    stage: Path, plat: Platform, release: Release, pins: Pins, files: dict[Wanted, Path]
+    stage: Path,
+    plat: Platform,
+    release: Release,
+    pins: Pins,
+    files: dict[Wanted, Path],
+    license_: str,
 ) -> None:
-    license_ = sources.main_package_json(ROOT, release, pins)["license"]
     write_json(stage / "package.json", sources.runtime_package_json(plat, release, pins, license_))
     for python in pins.pythons:
         (stage / sources.cp_dir(python)).mkdir()
@@ -139,15 +143,16 @@ def build(
     files = wheels.ensure([locked[want] for want in needed], cache)
     out.mkdir(parents=True, exist_ok=True)
     packed = []
+    main_json = sources.main_package_json(ROOT, release, pins)  # read and checked once
     with tempfile.TemporaryDirectory(prefix="paperclip-package-") as tmp:
         stage = Path(tmp) / "main"
         stage.mkdir()
-        stage_main(stage, release, pins, files, bootstrap)
+        stage_main(stage, main_json, files, bootstrap)
         packed.append(npm_pack(stage, out, f"{release.name}-{release.version}.tgz"))
         for plat in platforms:
             stage = Path(tmp) / plat.key
             stage.mkdir()
-            stage_runtime(stage, plat, release, pins, files)
+            stage_runtime(stage, plat, release, pins, files, main_json["license"])
             packed.append(npm_pack(stage, out, f"{plat.package}-{release.version}.tgz"))
     return packed
 
