@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from provider.devtools.e2e_server import descendants
+from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.procfs import cmdline, pid_alive
 
 
@@ -19,6 +20,15 @@ def plugin_worker_pids(server_pid: int, entrypoint: Path) -> list[int]:
             found.append(pid)
             found.extend(descendants(pid))
     return found
+
+
+async def assert_emulator_empty(emu: EmulatorProcess, what: str) -> None:
+    """Nothing of the scenario (``what``) is left in the emulator: no sandbox, no live process
+    tree, no orphaned host process."""
+    state = await emu.admin.state()
+    assert state["sandboxes"] == [], f"a sandbox outlived the {what}"
+    assert not [p for p in state["processes"] if p["tree_alive"]], f"a process outlived the {what}"
+    assert state["orphan_host_pids"] == []
 
 
 def cmdline_mentions(text: str) -> list[int]:

@@ -38,7 +38,7 @@ from provider.devtools.agent_heartbeat import (
 )
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from provider.devtools.emulator_process import EmulatorProcess
-from tests.e2e.inspection import cmdline_mentions
+from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
 
@@ -187,10 +187,7 @@ async def test_an_agent_heartbeat_runs_in_the_sandbox_and_leaves_nothing_behind(
                     await _scenario(server, emu, api_key)
                 server_log = server.raw_log_text()  # unredacted: the key check must be able to fail
                 assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
-                state = await emu.admin.state()
-                assert state["sandboxes"] == []
-                assert not [p for p in state["processes"] if p["tree_alive"]]
-                assert state["orphan_host_pids"] == []
+                await assert_emulator_empty(emu, "heartbeats")
             assert emu.leftover_pids == []
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -31,7 +31,12 @@ from provider.devtools.e2e_server import (
 )
 from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.procfs import wait_until_gone
-from tests.e2e.inspection import cmdline_mentions, json_lines, plugin_worker_pids
+from tests.e2e.inspection import (
+    assert_emulator_empty,
+    cmdline_mentions,
+    json_lines,
+    plugin_worker_pids,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
 
@@ -228,10 +233,7 @@ async def test_the_real_server_installs_configures_probes_and_restarts_our_plugi
                 server_log = server.raw_log_text()  # unredacted: the key check must be able to fail
                 timings = server.timings
                 assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
-                state = await emu.admin.state()
-                assert state["sandboxes"] == [], "a sandbox outlived the smoke"
-                assert not [p for p in state["processes"] if p["tree_alive"]]
-                assert state["orphan_host_pids"] == []
+                await assert_emulator_empty(emu, "smoke")
             assert emu.leftover_pids == []
     finally:
         shutil.rmtree(root, ignore_errors=True)

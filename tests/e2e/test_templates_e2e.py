@@ -34,7 +34,7 @@ from provider.devtools.agent_heartbeat import AgentSite, scratch_root
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from provider.devtools.emulator_process import EmulatorProcess
 from provider.driver.templates import endpoint_digest
-from tests.e2e.inspection import cmdline_mentions
+from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
 from tests.shell.local_pty import helper_env, local_terminal
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
@@ -280,10 +280,7 @@ async def test_an_operator_captures_a_template_that_runs_fork_and_deletes_it() -
                     await _scenario(server, emu, api_key, root / "operator")
                 server_log = server.raw_log_text()  # unredacted: the key check must be able to fail
                 assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
-                state = await emu.admin.state()
-                assert state["sandboxes"] == []
-                assert not [p for p in state["processes"] if p["tree_alive"]]
-                assert state["orphan_host_pids"] == []
+                await assert_emulator_empty(emu, "scenario")
             assert emu.leftover_pids == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
