@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
-import json
 import re
 from typing import Any
 
@@ -16,7 +15,7 @@ import anyio
 from .core import EmulatorCore, Fault
 from .hostscan import scan_host
 from .http_messages import Request, Response
-from .jsend import ApiError, bad_request, fail, not_found, ok
+from .jsend import ApiError, bad_request, fail, json_object, not_found, ok
 from .sandbox_spec import LIVE
 
 FORCEABLE = (
@@ -151,13 +150,7 @@ class Admin:
         raw = await req.read_body(1 << 20)
         if not raw:
             return {}
-        try:
-            value = json.loads(raw)
-        except ValueError as exc:
-            raise bad_request("body", "body is not valid JSON") from exc
-        if not isinstance(value, dict):
-            raise bad_request("body", "body must be a JSON object")
-        return value
+        return json_object(raw)
 
     async def _route(self, req: Request) -> Response:
         core = self.core

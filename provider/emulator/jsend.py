@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -65,3 +66,14 @@ def conflict(message: str) -> ApiError:
 
 def bad_request(field: str, message: str) -> ApiError:
     return ApiError(400, {field: message})
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, else a 400 naming the body."""
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise bad_request("body", "body is not valid JSON") from exc
+    if not isinstance(value, dict):
+        raise bad_request("body", "body must be a JSON object")
+    return value

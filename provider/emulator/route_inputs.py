@@ -9,14 +9,13 @@ its position, never quoted), the auto-pause range and booleans.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from ..egress_rules import ACCEPTED_FORMS, RuleError, normalize_rule
 from . import catalog
 from .ids import random_name
-from .jsend import ApiError, bad_request, conflict, not_found
+from .jsend import ApiError, bad_request, conflict, json_object, not_found
 from .router import Ctx
 from .sandbox_spec import SandboxSpec
 from .sandboxes import Sandbox
@@ -36,13 +35,7 @@ async def json_body(ctx: Ctx, *, required: bool = True) -> dict[str, Any]:
         if required:
             raise bad_request("body", "a JSON object is required")
         return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise bad_request("body", "body is not valid JSON") from exc
-    if not isinstance(value, dict):
-        raise bad_request("body", "body must be a JSON object")
-    return value
+    return json_object(raw)
 
 
 def sandbox_of(ctx: Ctx) -> Sandbox:
