@@ -12,7 +12,7 @@ and deleted. Setup sessions (:mod:`provider.driver.templates`) provision the sam
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -227,21 +227,19 @@ async def _reap_by_name(
     Answers whether one was found (and deleted); raises :class:`CleanupUnconfirmed` when the
     lookup or the delete failed.
     """
-    confirmed = found = False
-    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
-        try:
-            for view in await client.list_sandboxes():
-                if view.name == token:
-                    found = True
-                    await delete_sandbox_confirmed(client, view.id)
-            confirmed = True
-        except ProviderError:
-            pass
-    if not confirmed:
-        reason = str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
+    found = False
+
+    async def reap() -> None:
+        nonlocal found
+        for view in await client.list_sandboxes():
+            if view.name == token:
+                found = True
+                await delete_sandbox_confirmed(client, view.id)
+
+    if not await _cleaned_up(call, reap):
         raise CleanupUnconfirmed(
-            f"Creating the sandbox failed ({reason}) and it may have been created anyway; "
-            f"checking for it failed too. Look for a sandbox named {token} in CreateOS."
+            f"Creating the sandbox failed ({_reason(cause)}) and it may have been created "
+            f"anyway; checking for it failed too. Look for a sandbox named {token} in CreateOS."
         ) from cause
     return found
 
@@ -249,19 +247,27 @@ async def _reap_by_name(
 async def _delete_after_failure(
     client: CreateOSClient, sandbox_id: str, call: BoundCall, cause: BaseException
 ) -> None:
-    deleted = False
+    if not await _cleaned_up(call, lambda: delete_sandbox_confirmed(client, sandbox_id)):
+        raise CleanupUnconfirmed(
+            f"Setting up sandbox {sandbox_id} failed ({_reason(cause)}) and deleting it failed "
+            f"too: the sandbox may be left behind. Delete {sandbox_id} in CreateOS."
+        ) from cause
+
+
+async def _cleaned_up(call: BoundCall, cleanup: Callable[[], Awaitable[None]]) -> bool:
+    """Run ``cleanup`` under a fresh, shielded, bounded scope (it must run even after a
+    cancel); whether it finished without a provider error."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
         try:
-            await delete_sandbox_confirmed(client, sandbox_id)
-            deleted = True
+            await cleanup()
+            return True
         except ProviderError:
             pass
-    if not deleted:
-        reason = str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
-        raise CleanupUnconfirmed(
-            f"Setting up sandbox {sandbox_id} failed ({reason}) and deleting it failed too: the "
-            f"sandbox may be left behind. Delete {sandbox_id} in CreateOS."
-        ) from cause
+    return False
+
+
+def _reason(cause: BaseException) -> str:
+    return str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
 
 
 def _cleanup_timeout(call: BoundCall) -> float:
