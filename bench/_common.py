@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import REPO_ROOT
+from provider.devtools.host_peer import REPO_ROOT, HostPeer
 
 PYTHON: Final = str(REPO_ROOT / ".venv" / "bin" / "python")
 API_KEY: Final = "bench-key"
@@ -110,3 +111,19 @@ def environment_call(base_url: str, *, timeout_ms: int = 600_000) -> dict[str, A
             "reuseLease": False,
         },
     }
+
+
+# --- worker starts under the real manager ------------------------------------------------------
+
+
+async def start_and_stop(peer: HostPeer, plugin_id: str, **where: Any) -> tuple[float, float]:
+    """Start a worker (``where``: ``package_root`` or ``entrypoint_path``), answer one
+    ``health``, stop it; the start's and the first call's milliseconds."""
+    info = await peer.start_worker(plugin_id, first_call=("health", {}), **where)
+    await peer.stop_worker(plugin_id)
+    assert info.first_call_ms is not None
+    return info.start_ms, info.first_call_ms
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples), 1)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import tempfile
 from pathlib import Path
 
 import anyio
+from _common import median_ms, start_and_stop
 
 from provider.devtools.host_peer import REPO_ROOT, HostPeer
 
@@ -67,17 +67,6 @@ def _late_init_package(root: Path) -> Path:
     return root / "shim.mjs"
 
 
-async def _start(peer: HostPeer, plugin_id: str, entrypoint: Path | None) -> tuple[float, float]:
-    info = await peer.start_worker(plugin_id, entrypoint_path=entrypoint, first_call=("health", {}))
-    await peer.stop_worker(plugin_id)
-    assert info.first_call_ms is not None
-    return info.start_ms, info.first_call_ms
-
-
-def _median(samples: list[float]) -> float:
-    return round(statistics.median(samples), 1)
-
-
 async def measure(rounds: int, warmup: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         echo_shim = _echo_package(Path(tmp) / "echo")
@@ -93,21 +82,23 @@ async def measure(rounds: int, warmup: int) -> dict[str, object]:
                 ]
                 shift = index % len(contenders)  # rotate so no contender always runs first
                 for plugin_id, entrypoint in contenders[shift:] + contenders[:shift]:
-                    ready_ms, first_ms = await _start(peer, plugin_id, entrypoint)
+                    ready_ms, first_ms = await start_and_stop(
+                        peer, plugin_id, entrypoint_path=entrypoint
+                    )
                     if index >= warmup:
                         ready[plugin_id].append(ready_ms)
                         first[plugin_id].append(first_ms)
     return {
         "rounds": rounds,
-        "ours_median_ms": _median(ready["ours"]),
-        "echo_median_ms": _median(ready["echo"]),
-        "ratio": round(_median(ready["ours"]) / _median(ready["echo"]), 3),
+        "ours_median_ms": median_ms(ready["ours"]),
+        "echo_median_ms": median_ms(ready["echo"]),
+        "ratio": round(median_ms(ready["ours"]) / median_ms(ready["echo"]), 3),
         "goal_ratio": GOAL_RATIO,
-        "ours_first_call_median_ms": _median(first["ours"]),
-        "echo_first_call_median_ms": _median(first["echo"]),
-        "first_call_ratio": round(_median(first["ours"]) / _median(first["echo"]), 3),
-        "late_init_median_ms": _median(ready["late"]),
-        "late_init_first_call_median_ms": _median(first["late"]),
+        "ours_first_call_median_ms": median_ms(first["ours"]),
+        "echo_first_call_median_ms": median_ms(first["echo"]),
+        "first_call_ratio": round(median_ms(first["ours"]) / median_ms(first["echo"]), 3),
+        "late_init_median_ms": median_ms(ready["late"]),
+        "late_init_first_call_median_ms": median_ms(first["late"]),
         "ours_ms": [round(x, 1) for x in ready["ours"]],
         "echo_ms": [round(x, 1) for x in ready["echo"]],
     }

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _common import save_result
+from _common import median_ms, save_result, start_and_stop
 
 from provider.devtools.host_peer import REPO_ROOT, HostPeer, ensure_peer_installed
 
@@ -114,17 +114,6 @@ def host_path(path: str) -> Iterator[None]:
         os.environ["PATH"] = saved
 
 
-async def _start(peer: HostPeer, plugin_id: str, root: Path) -> tuple[float, float]:
-    info = await peer.start_worker(plugin_id, package_root=root, first_call=("health", {}))
-    await peer.stop_worker(plugin_id)
-    assert info.first_call_ms is not None
-    return info.start_ms, info.first_call_ms
-
-
-def _median(samples: list[float]) -> float:
-    return round(statistics.median(samples), 1)
-
-
 async def measure(rounds: int, warmup: int, python: Path) -> dict[str, Any]:
     peer_dir = await ensure_peer_installed()  # with this shell's PATH (npm, if not installed)
     with tempfile.TemporaryDirectory(prefix="bench-package-") as tmp:
@@ -150,7 +139,9 @@ async def measure(rounds: int, warmup: int, python: Path) -> dict[str, Any]:
                 peer = await stack.enter_async_context(
                     HostPeer(peer_dir=peer_dir, log_file=root / "peer.log", cwd=cwd)
                 )
-            await _start(peer, "warm", warm)  # writes the warm install's bytecode
+            await start_and_stop(
+                peer, "warm", package_root=warm
+            )  # writes the warm install's bytecode
             for index in range(warmup + rounds):
                 fresh = root / f"first-{index}"
                 shutil.copytree(template, fresh, symlinks=True)  # outside the timed window
@@ -161,14 +152,14 @@ async def measure(rounds: int, warmup: int, python: Path) -> dict[str, Any]:
                 }
                 shift = index % len(CONTENDERS)  # rotate so no contender always runs first
                 for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
-                    ready_ms, call_ms = await _start(peer, name, roots[name])
+                    ready_ms, call_ms = await start_and_stop(peer, name, package_root=roots[name])
                     if index >= warmup:
                         ready[name].append(ready_ms)
                         first_call[name].append(call_ms)
                 written.append(bytecode_files(fresh))
                 shutil.rmtree(fresh)
-    medians = {name: _median(ready[name]) for name in CONTENDERS}
-    call_medians = {name: _median(first_call[name]) for name in CONTENDERS}
+    medians = {name: median_ms(ready[name]) for name in CONTENDERS}
+    call_medians = {name: median_ms(first_call[name]) for name in CONTENDERS}
     return {
         "rounds": rounds,
         "python": str(python),
