@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import anyio
+import httpx
 from _common import API_KEY, cpu_seconds, peak_rss_mib
 
 from provider.createos.client import CreateOSClient
@@ -52,6 +53,11 @@ def plain_api(base_url: str) -> CreateOSClient:
     return CreateOSClient(
         base_url, API_KEY, pacer=RequestPacer(base_url, interval=0.0, shared_dir=None)
     )
+
+
+def raw_http(base_url: str) -> httpx.AsyncClient:
+    """Plain httpx (no pacing, no retries) for the baselines' streamed PUTs and GETs."""
+    return httpx.AsyncClient(base_url=base_url, headers={"X-Api-Key": API_KEY}, timeout=600)
 
 
 async def sandbox_tree(emu: EmulatorProcess, sandbox_id: str, path: str) -> tuple[int, int]:

@@ -44,9 +44,7 @@ from typing import Any
 
 import _transfer as transfer
 import anyio
-import httpx
 from _common import (
-    API_KEY,
     GIB,
     MIB,
     PYTHON,
@@ -111,9 +109,7 @@ async def baseline_in(
             return b""
 
     async with (
-        httpx.AsyncClient(
-            base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
-        ) as http,
+        transfer.raw_http(emu.base_url) as http,
         transfer.plain_api(emu.base_url) as api,
     ):
         first = await receive(part_bytes)
@@ -161,9 +157,7 @@ async def baseline_out(
     dst.mkdir()
     started = time.perf_counter()
     async with (
-        httpx.AsyncClient(
-            base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
-        ) as http,
+        transfer.raw_http(emu.base_url) as http,
         transfer.plain_api(emu.base_url) as api,
     ):
         script = (

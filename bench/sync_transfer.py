@@ -43,9 +43,7 @@ from typing import Any
 
 import _transfer as transfer
 import anyio
-import httpx
 from _common import (
-    API_KEY,
     GIB,
     MIB,
     PYTHON,
@@ -104,9 +102,7 @@ async def baseline_in(
                 return
 
     async with (
-        httpx.AsyncClient(
-            base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
-        ) as http,
+        transfer.raw_http(emu.base_url) as http,
         transfer.plain_api(emu.base_url) as api,
     ):
         answer = await http.put(
@@ -135,9 +131,7 @@ async def baseline_out(
     dst.mkdir()
     started = time.perf_counter()
     async with (
-        httpx.AsyncClient(
-            base_url=emu.base_url, headers={"X-Api-Key": API_KEY}, timeout=600
-        ) as http,
+        transfer.raw_http(emu.base_url) as http,
         transfer.plain_api(emu.base_url) as api,
     ):
         result = await api.exec(sandbox_id, "/bin/tar", ["-cf", scratch, "-C", source, "."])
