@@ -427,14 +427,12 @@ async def test_pty_process_terminal_resize_and_foreground_signal(emulator: Emula
         assert proc["kind"] == "pty"
         pid = proc["process_id"]
         url = proc_url(sandbox_id, pid)
-        await wait_output(client, sandbox_id, pid, 1)
+        # Type only once `stty size` has printed: the terminal echoes input as it arrives, so
+        # an earlier keystroke would land between the two lines this test checks.
+        await frames_until(client, sandbox_id, pid, b"30 100")
         await client.post(f"{url}/input", json={"data_base64": base64.b64encode(b"hi\r").decode()})
-        with anyio.fail_after(10):
-            while True:
-                view = await get_view(client, sandbox_id, pid)
-                frames = await read_frames_until(client, sandbox_id, pid, b"got:hi")
-                if frames is not None:
-                    break
+        frames = await frames_until(client, sandbox_id, pid, b"got:hi")
+        view = await get_view(client, sandbox_id, pid)
         text = payload(frames).replace(b"\r", b"")
         assert b"is-a-tty\n30 100\n" in text and b"got:hi" in text
         assert all(f["stream"] == "pty" for f in frames if f["type"] == "data")
@@ -468,6 +466,16 @@ async def read_frames_until(
                 if frame.get("seq", 0) >= newest or frame["type"] != "data":
                     break
     return frames if marker in payload(frames) else None
+
+
+async def frames_until(
+    client: httpx.AsyncClient, sandbox_id: str, process_id: str, marker: bytes
+) -> list[dict[str, Any]]:
+    """The retained frames, polled until ``marker`` is in them (10 s at most)."""
+    with anyio.fail_after(10):
+        while (frames := await read_frames_until(client, sandbox_id, process_id, marker)) is None:
+            await anyio.sleep(0.02)
+    return frames
 
 
 async def test_sandbox_delete_ends_open_streams_and_waits(emulator: Emulator) -> None:
