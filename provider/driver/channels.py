@@ -236,14 +236,14 @@ class DuplexChannels:
             self.interactive.start_reader(s, target.window)
             await s.wait_opened()  # connected and the gate written (7.1.3)
 
-        reply = await self.interactive.open(
+        table = self.interactive.table
+        return await self.interactive.open(
             session,
             target,
             start,
             {"hostRouteId": p.hostRouteId, "workerSessionId": session.session_id},
+            on_bound=lambda: table.remember_bound(p.hostRouteId, session.session_id),
         )
-        self.interactive.table.remember_bound(p.hostRouteId, session.session_id)
-        return reply
 
     def _pair(self, p: ChannelPairParams) -> DuplexSession | None:
         session = self.interactive.table.by_route(KIND, p.hostRouteId)

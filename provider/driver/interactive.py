@@ -129,9 +129,13 @@ class Interactive:
         target: OpenTarget,
         start: Callable[[RemoteSession], Awaitable[None]],
         result: dict[str, Any],
+        on_bound: Callable[[], None] | None = None,
     ) -> AfterReply:
         """Run ``start`` (create the process, start the reader) under the open's deadline and
-        cancel scopes; answer ``result`` once the pair may be used, else clean up."""
+        cancel scopes; answer ``result`` once the pair may be used, else clean up.
+
+        ``on_bound`` runs once the answer is written; an answer that was not written (see
+        :class:`AfterReply`) abandons the session instead, since the host never bound it."""
         kind = session.kind
         self.table.reserve(kind, session)
         timeout = min(target.call.timeout, OPEN_DEADLINE_CAP)
@@ -148,7 +152,21 @@ class Interactive:
         finally:
             session.opening = False
             session.open_done.set()
-        return AfterReply(result, session.mark_bound)
+
+        def answered(delivered: bool) -> None:
+            if delivered:
+                if on_bound is not None:
+                    on_bound()
+                session.mark_bound()
+            elif not self.runtime.background.start_soon(lambda: self._unanswered(session)):
+                session.mark_abandoned()  # shutting down: close_all stops what is left
+
+        return AfterReply(result, answered)
+
+    async def _unanswered(self, session: RemoteSession) -> None:
+        """The open's answer never reached the host: stop the session without a word to it."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_DEADLINE):
+            await self._abandon(session)
 
     def start_reader(self, session: RemoteSession, window: int | None = None) -> None:
         """Run the session's reader as background work; it leaves the table when it ends.

@@ -159,7 +159,7 @@ class Dispatcher(Outbound):
         arrived = time.monotonic()
         try:
             response: dict[str, Any] | None = None
-            written: Callable[[], None] | None = None
+            written: Callable[[bool], None] | None = None
             with scope:
                 response, written = await self._respond(request)
             if response is None:  # our own scope was cancelled: the worker is shutting down
@@ -171,11 +171,12 @@ class Dispatcher(Outbound):
             reply_scope = self._reply_scope()
             try:
                 with reply_scope:
+                    delivered = False
                     try:
-                        await self._send_reply(response)
+                        delivered = await self._send_reply(response)
                     finally:
                         if written is not None:
-                            written()  # the session's notifications may follow now
+                            written(delivered)  # the session's notifications may follow now
                     if self._call_log is not None:
                         await self._call_log.record(
                             request.method, arrived, "error" not in response
@@ -189,7 +190,7 @@ class Dispatcher(Outbound):
 
     async def _respond(
         self, request: wire.Request
-    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    ) -> tuple[dict[str, Any], Callable[[bool], None] | None]:
         """The response, and what to call once it is written (see :class:`AfterReply`)."""
         method = request.method
         handler = self._handler_for(method)
@@ -253,12 +254,14 @@ class Dispatcher(Outbound):
         }.get(method)
         return builtin if builtin is not None else self._methods.get(method)
 
-    async def _send_reply(self, message: dict[str, Any]) -> None:
-        """Write a response; an unencodable result becomes an error response instead."""
+    async def _send_reply(self, message: dict[str, Any]) -> bool:
+        """Write a response; an unencodable result becomes an error response instead.
+        True when ``message`` itself was written."""
         assert self._writer is not None
         try:
             try:
                 await self._writer.write(message)
+                return True
             except (TypeError, ValueError, OverflowError):
                 method_id = message.get("id")
                 stderr_line(
@@ -274,6 +277,7 @@ class Dispatcher(Outbound):
                 )
         except WRITE_FAILURES:
             self._output_lost()
+        return False
 
     def _output_lost(self) -> None:
         """Our stdout is gone: nobody can hear us any more, so wind down."""

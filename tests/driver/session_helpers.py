@@ -27,7 +27,7 @@ async def answered(reply: Any) -> dict[str, Any]:
     """What the dispatcher does with an open's answer: write it, then tell the session."""
     assert isinstance(reply, AfterReply)
     result = dict(reply.result)
-    reply.written()
+    reply.written(True)
     return result
 
 

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from provider.errors import InvalidParams, OperationCancelled, ProviderError, RequestRefused
+from provider.replies import AfterReply
 from tests.driver.conftest import Harness
 from tests.driver.session_helpers import (
     answered,
@@ -176,6 +177,27 @@ async def test_nothing_is_sent_for_a_channel_before_its_open_is_answered(
     await until(lambda: bool(notes(h, "duplexChannel.exit", ROUTE)))
     assert channel_bytes(h, ROUTE) == b"early"
     assert notes(h, "duplexChannel.exit", ROUTE)[0]["exitCode"] == 4
+
+
+async def test_an_open_whose_answer_was_not_sent_is_stopped_and_never_announced(
+    harness: Harness,
+) -> None:
+    """The dispatcher could not write the open's result (an error went instead): the host never
+    bound the pair, so the channel is stopped, nothing names it, and a close answers the route
+    alone (a pair the host does not know would make it kill the worker)."""
+    h = harness
+    lease = await h.acquire()
+    reply = await h.methods.channels.open(
+        open_params(h, lease, ROUTE, command=["bash", "-c", "printf early; exec cat"])
+    )
+    assert isinstance(reply, AfterReply)
+    assert await h.emulator.admin.live_process_count() == 1
+    reply.written(False)
+    await until(lambda: not any(True for _ in h.methods.interactive.table))
+    assert await h.emulator.admin.live_process_count() == 0
+    assert await h.methods.channels.close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
+    await anyio.sleep(0.3)
+    assert not [p for _, p in h.notifications if p.get("hostRouteId") == ROUTE]
 
 
 async def test_release_closes_the_channel_before_deleting_the_sandbox(harness: Harness) -> None:
