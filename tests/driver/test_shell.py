@@ -14,8 +14,7 @@ import pytest
 
 from provider.driver import shell
 from provider.errors import RequestRefused
-
-BASH = "/usr/bin/bash"
+from tests.driver.shell_helpers import BASH, make_tree, run_bash
 
 HOSTILE = [
     "a'; touch /bad; echo '",
@@ -32,15 +31,6 @@ HOSTILE = [
     "ünïcødé €𝄞 日本",
     "\t\r\x01\x7f",
 ]
-
-
-def run_bash(
-    script: str, *, env: Mapping[str, str] | None = None, stdin: bytes = b""
-) -> subprocess.CompletedProcess[bytes]:
-    """Run the wrapper with ``stdin`` on its stdin, then EOF (which opens the start gate)."""
-    return subprocess.run(
-        [BASH, "-c", script], capture_output=True, timeout=60, env=env, input=stdin
-    )
 
 
 def wrapper(
@@ -361,20 +351,6 @@ def test_confinement_message_names_the_rule() -> None:
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     return make_tree(tmp_path)
-
-
-def make_tree(tmp_path: Path) -> Path:
-    """tmp/ws (the root) with sub/, link-out -> ../outside, link-in -> sub, abs-out ->
-    tmp/outside/secret (absolute); tmp/ws-other/; answers the root."""
-    root = tmp_path / "ws"
-    (root / "sub").mkdir(parents=True)
-    (tmp_path / "outside").mkdir()
-    (tmp_path / "outside" / "secret").write_text("s")
-    (tmp_path / "ws-other").mkdir()
-    (root / "link-out").symlink_to("../outside")
-    (root / "link-in").symlink_to("sub")
-    (root / "abs-out").symlink_to(tmp_path / "outside" / "secret")
-    return root
 
 
 def guard_run(path: str, root: Path, *, env: Mapping[str, str] | None = None) -> tuple[int, str]:

@@ -13,50 +13,9 @@ import pytest
 from provider.createos.errors import CreateOSError
 from provider.errors import ProviderError, RequestRefused
 from tests.driver.conftest import Harness
+from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
 
 pytestmark = pytest.mark.anyio
-
-WS = "/paperclip-workspace"
-
-
-async def sync_in(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]) -> Any:
-    return await h.methods.sync_in({**h.with_lease(lease), "operations": list(ops)})
-
-
-async def sync_out(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]) -> Any:
-    return await h.methods.sync_out({**h.with_lease(lease), "operations": list(ops)})
-
-
-def op(
-    *files: dict[str, Any], op_id: str = "op-1", post: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    result: dict[str, Any] = {"operationId": op_id, "files": list(files)}
-    if post is not None:
-        result["postUploadCommands"] = post
-    return result
-
-
-def mapping(
-    source: str | Path, target: str | Path, kind: str = "file", **extra: Any
-) -> dict[str, Any]:
-    return {"sourcePath": str(source), "targetPath": str(target), "kind": kind, **extra}
-
-
-async def sh(h: Harness, lease: dict[str, Any], script: str) -> dict[str, Any]:
-    result: dict[str, Any] = await h.methods.execute(
-        {**h.with_lease(lease), "command": "bash", "args": ["-c", script]}
-    )
-    return result
-
-
-def host_temp_leftovers(*dirs: Path) -> list[str]:
-    return [
-        p.name
-        for d in dirs
-        if d.exists()
-        for p in d.iterdir()
-        if p.name.startswith(".paperclip-createos-")
-    ]
 
 
 async def test_binary_file_arrives_exact_with_its_mode(harness: Harness, tmp_path: Path) -> None:

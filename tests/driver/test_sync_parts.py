@@ -15,7 +15,7 @@ import pytest
 
 from provider.driver import sync_parts
 from provider.driver.sync_parts import Scratch
-from tests.driver.test_shell import make_tree, run_bash
+from tests.driver.shell_helpers import make_tree, run_bash
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError
 from tests.call_params import environment_call
 from tests.driver.conftest import Harness
-from tests.driver.test_sync import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
+from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import pytest
 
 from provider.errors import OperationCancelled
 from tests.driver.conftest import Harness
-from tests.driver.test_sync import mapping, op, sh, sync_in
+from tests.driver.sync_helpers import mapping, op, sh, sync_in
 
 pytestmark = pytest.mark.anyio
 WARM: dict[str, Any] = {"reuseLease": True, "autoPauseAfterSeconds": 60}

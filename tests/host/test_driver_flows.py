@@ -8,7 +8,7 @@ emulator over loopback. The worker paces its requests with the real 300 ms (the 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,9 @@ from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.emulator import Emulator
 from tests.call_params import environment_call
+from tests.host.peer_helpers import CALL_TIMEOUT_MS, DROPPED_LOG, LogSink
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
-
-CALL_TIMEOUT_MS = 120_000  # generous: every worker request waits its 300 ms turn
-DROPPED_LOG = "dropping execute.log notification"
 
 
 @dataclass
@@ -76,19 +74,6 @@ class Flow:
 
     def peer_log(self) -> str:
         return self.log_file.read_text(errors="replace")
-
-
-@dataclass
-class LogSink:
-    """An ``onLog`` sink: what the manager delivered for one call, in arrival order."""
-
-    chunks: list[tuple[str, str]] = field(default_factory=list)
-
-    def __call__(self, stream: str, chunk: str) -> None:
-        self.chunks.append((stream, chunk))
-
-    def text(self, stream: str) -> str:
-        return "".join(chunk for s, chunk in self.chunks if s == stream)
 
 
 @pytest.fixture

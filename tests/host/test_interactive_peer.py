@@ -29,10 +29,10 @@ from provider.devtools.peer_sessions import PeerCallError, SessionExit, SessionT
 from provider.devtools.procfs import pid_alive
 from provider.emulator import Emulator
 from tests.call_params import environment_call
+from tests.host.peer_helpers import CALL_TIMEOUT_MS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
-CALL_TIMEOUT_MS = 120_000
 CALL_LOG_ENV = "PAPERCLIP_CREATEOS_CALL_LOG"
 RETIRE_MARKERS = ("retiring worker", "not acknowledged", "ownership violation")
 

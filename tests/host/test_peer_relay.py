@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from provider.devtools.host_peer import DRIVER_SCRIPT, HostPeer, ensure_peer_installed
-from tests.host.test_worker_manager import _streaming_package
+from tests.host.peer_helpers import streaming_package
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
@@ -30,7 +30,7 @@ async def test_a_slow_log_sink_still_gets_every_chunk_whole_and_in_order(tmp_pat
         live.append((stream, chunk))
 
     async with HostPeer(log_file=tmp_path / "peer.log", cwd=tmp_path) as peer:
-        await peer.start_worker(package_root=_streaming_package(tmp_path))
+        await peer.start_worker(package_root=streaming_package(tmp_path))
         params = {
             "driverKey": "createos",
             "companyId": "company-1",

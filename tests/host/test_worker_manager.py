@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from provider.app import build_dispatcher
 from provider.devtools.host_peer import REPO_ROOT, HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import pid_alive, wait_until_gone
+from tests.host.peer_helpers import package_copy, streaming_package
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
@@ -68,17 +68,6 @@ EXIT_GUARD_S = 15.0  # the manager's own stop escalation is bounded by 10 s + 0.
 async def peer(tmp_path: Path) -> AsyncIterator[HostPeer]:
     async with HostPeer(log_file=tmp_path / "peer.log", cwd=tmp_path) as running:
         yield running
-
-
-def _package_copy(tmp_path: Path) -> Path:
-    """A copy of the files the host reads, with the worker still run from this checkout."""
-    root = tmp_path / "pkg"
-    root.mkdir()
-    for name in ("package.json", "manifest.js", "manifest.json", "shim.mjs"):
-        shutil.copy(REPO_ROOT / name, root / name)
-    (root / "provider").symlink_to(REPO_ROOT / "provider")
-    (root / ".venv").symlink_to(REPO_ROOT / ".venv")
-    return root
 
 
 async def test_the_host_loads_our_package_starts_serves_and_stops_the_worker(
@@ -188,7 +177,7 @@ async def test_requests_far_above_64_kib_cross_the_real_host(peer: HostPeer) -> 
 async def test_a_broken_manifest_module_fails_like_on_the_host(
     peer: HostPeer, tmp_path: Path
 ) -> None:
-    root = _package_copy(tmp_path)
+    root = package_copy(tmp_path)
     (root / "manifest.js").write_text("export default {{ this is not javascript\n")
     with pytest.raises(PeerCallError, match="Failed to load manifest module"):
         await peer.start_worker(package_root=root)
@@ -197,7 +186,7 @@ async def test_a_broken_manifest_module_fails_like_on_the_host(
 async def test_an_unknown_driver_key_fails_the_hosts_manifest_validation(
     peer: HostPeer, tmp_path: Path
 ) -> None:
-    root = _package_copy(tmp_path)
+    root = package_copy(tmp_path)
     manifest = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(
         manifest.replace('"kind": "sandbox_provider",', '"kind": "sandbox_provider", "ttl": 1,')
@@ -211,7 +200,7 @@ async def test_the_template_flags_to_declare_pass_the_hosts_manifest_validation(
 ) -> None:
     """The interactive-setup and template declarations (host-protocol.md 10.1): the real host
     accepts them, and the worker serves their verbs."""
-    root = _package_copy(tmp_path)
+    root = package_copy(tmp_path)
     manifest = json.loads((root / "manifest.json").read_text())
     (driver,) = manifest["environmentDrivers"]
     # whatever is declared already agrees with what is declared here
@@ -224,7 +213,7 @@ async def test_the_template_flags_to_declare_pass_the_hosts_manifest_validation(
 
 
 async def test_a_package_copy_elsewhere_runs_its_own_shim(peer: HostPeer, tmp_path: Path) -> None:
-    root = _package_copy(tmp_path)
+    root = package_copy(tmp_path)
     info = await peer.start_worker(package_root=root)
     assert info.entrypoint_path == str(root / "shim.mjs")
     assert await peer.call("health", {}) == {"status": "ok"}
@@ -247,21 +236,10 @@ async def test_sigterm_to_the_shim_is_forwarded_and_the_worker_exits_cleanly(
     assert await wait_until_gone(worker_pid, EXIT_GUARD_S)
 
 
-def _streaming_package(tmp_path: Path) -> Path:
-    root = _package_copy(tmp_path)
-    (root / "provider").unlink()
-    (root / "provider").mkdir()
-    (root / "provider" / "__init__.py").write_text(
-        f"__path__.append({str(REPO_ROOT / 'provider')!r})\n"
-    )
-    shutil.copy(Path(__file__).with_name("streaming_worker.py"), root / "provider" / "__main__.py")
-    return root
-
-
 async def test_live_output_reaches_the_host_tagged_with_the_invocation_id(
     peer: HostPeer, tmp_path: Path
 ) -> None:
-    root = _streaming_package(tmp_path)
+    root = streaming_package(tmp_path)
     await peer.start_worker(package_root=root)
     live: list[tuple[str, str]] = []
     params = {
