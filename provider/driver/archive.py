@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Literal
 
 from provider.driver.archive_check import ArchiveRefused, open_validated
+from provider.driver.sync_files import make_dirs
 from provider.errors import RequestRefused, TransferError
 
 __all__ = [
@@ -334,22 +335,6 @@ def validate_archive(archive: Path, *, max_total: int = MAX_ARCHIVE_TOTAL) -> in
         return checked.regular
 
 
-def _make_dirs(target: Path) -> list[Path]:
-    """mkdir -p with mode 0700; returns the directories created, deepest first."""
-    missing: list[Path] = []
-    current = target
-    while not os.path.lexists(current):
-        missing.append(current)
-        current = current.parent
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=0o700)
-        except FileExistsError:
-            if directory.is_symlink() or not directory.is_dir():
-                raise
-    return missing
-
-
 def extract_archive(archive: Path, target_dir: Path, *, mode: int | None) -> int:
     """Validate the whole archive, then extract it into ``target_dir`` (spec 5.6 step 4).
 
@@ -366,7 +351,7 @@ def extract_archive(archive: Path, target_dir: Path, *, mode: int | None) -> int
         if target_dir.exists() and not target_dir.is_dir():
             raise TransferError(f"the sync target {target_dir} exists and is not a directory")
         try:
-            created = _make_dirs(target_dir)
+            created = make_dirs(target_dir)
             checked.tar.extractall(target_dir, members=checked.members, filter="data")
             if mode is not None:
                 for directory in dict.fromkeys([target_dir, *created]):

@@ -115,7 +115,8 @@ class SyncSession:
             for mapping in op.mappings:
                 scratch = Scratch(_new_scratch())
                 scratches.append(scratch)
-                count, size, text = await self._upload(mapping, scratch)
+                with sync_files.host_errors(f"Reading {mapping.host_path}"):
+                    count, size, text = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
                 files, transferred = files + count, transferred + size
             for command in op.post_upload:
@@ -138,7 +139,8 @@ class SyncSession:
         for op in operations:
             files = transferred = 0
             for mapping in op.mappings:
-                count, size = await self._download(mapping)
+                with sync_files.host_errors(f"Writing {mapping.host_path}"):
+                    count, size = await self._download(mapping)
                 files, transferred = files + count, transferred + size
             results.append(_result(op, files, transferred))
         return results
@@ -221,7 +223,7 @@ class SyncSession:
                 parts = sync_parts.parse_part_count(packed["stdout"])
             except ValueError as exc:
                 raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
-            parents = await anyio.to_thread.run_sync(sync_files.make_parents, target.parent)
+            parents = await anyio.to_thread.run_sync(sync_files.make_dirs, target.parent)
             workdir = await self._new_workdir(target.parent)
             data = workdir / "data"
             size = await sync_files.get_to_file(

@@ -12,9 +12,10 @@ is :class:`provider.driver.sync.SyncSession`'s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,9 +147,12 @@ def make_workdir(parent: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix=".paperclip-createos-", dir=parent))
 
 
-def make_parents(directory: Path) -> list[Path]:
+def make_dirs(directory: Path) -> list[Path]:
     """``mkdir -p`` where every new directory is 0700 (Path.mkdir gives parents the umask
-    default, usually 0755); returns the directories created."""
+    default, usually 0755); returns the directories this call created, outermost first.
+
+    A component that appears meanwhile is used when it is a real directory (it is not ours, so
+    it is not returned to be chmod-ed), and refused when it is a link or anything else."""
     missing: list[Path] = []
     current = directory
     while not os.path.lexists(current):
@@ -158,10 +162,26 @@ def make_parents(directory: Path) -> list[Path]:
     for path in reversed(missing):
         try:
             path.mkdir(mode=0o700)
-        except FileExistsError:  # e.g. "a/.." once "a" exists: not ours to chmod later
+        except FileExistsError:  # e.g. "a/.." once "a" exists
+            if path.is_symlink() or not path.is_dir():
+                raise
             continue
         created.append(path)
     return created
+
+
+@contextlib.contextmanager
+def host_errors(what: str) -> Iterator[None]:
+    """A host file error (a parent that is a file, a source gone, a full disk) becomes a
+    :class:`TransferError` naming the step and its cause, instead of an internal error."""
+    try:
+        yield
+    except TimeoutError:
+        raise
+    except OSError as exc:
+        cause = exc.strerror or type(exc).__name__
+        where = f" ({exc.filename})" if exc.filename is not None else ""
+        raise TransferError(f"{what} failed on the host: {cause}{where}.") from exc
 
 
 def install_file(data: Path, target: Path, mode: int) -> None:

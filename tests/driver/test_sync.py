@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from provider.createos.errors import CreateOSError
-from provider.errors import ProviderError, RequestRefused
+from provider.errors import ProviderError, RequestRefused, TransferError
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
 
@@ -134,6 +134,28 @@ async def test_outbound_directory_target_that_is_a_symlink_is_refused(
     with pytest.raises(ProviderError):
         await sync_out(h, lease, op(mapping(f"{WS}/d", tmp_path / "alias", "directory")))
     assert list(real.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+async def test_an_outbound_target_below_a_regular_file_fails_with_a_named_host_error(
+    harness: Harness, tmp_path: Path, kind: str
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    await sh(h, lease, f"mkdir -p {WS}/d && echo hi > {WS}/d/f && echo one > {WS}/one")
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    source = f"{WS}/d" if kind == "directory" else f"{WS}/one"
+    target = blocker / "sub" / "t"
+    with pytest.raises(TransferError) as caught:
+        await sync_out(h, lease, op(mapping(source, target, kind)))
+    assert str(caught.value) == (
+        f"Writing {target} failed on the host: Not a directory ({blocker / 'sub'})."
+    )
+    assert blocker.read_text() == "x"
+    assert host_temp_leftovers(tmp_path) == []
+    listed = await sh(h, lease, "ls -A /tmp | grep -c paperclip-createos || true")
+    assert listed["stdout"].strip() == "0"  # the packed scratch was removed
 
 
 async def test_post_upload_commands_run_verbatim_in_order_and_fail_fast(
