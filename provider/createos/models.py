@@ -58,6 +58,16 @@ class SandboxView(msgspec.Struct, frozen=True):
     # value never fails a whole listing (the create-recovery lookup reads the same views).
     created_at: Any = None
     paused_at: Any = None
+    # Key names of the sandbox's envs (values are never shown), and the template a fork came
+    # from: how a fork, which takes no name, is found again (provider.driver.forks).
+    envs: Any = None
+    forked_from: Any = None
+
+    @property
+    def env_keys(self) -> frozenset[str]:
+        """The env key names the view lists (a list of names, or an object's keys)."""
+        names = list(self.envs) if isinstance(self.envs, dict | list) else []
+        return frozenset(name for name in names if isinstance(name, str))
 
 
 class ExecResult(msgspec.Struct, frozen=True):

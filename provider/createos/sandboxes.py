@@ -10,7 +10,7 @@ sandbox asked for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from provider.createos.core import ClientCore
@@ -165,11 +165,13 @@ class SandboxCalls(ClientCore):
         start_paused: bool,
         egress: Sequence[str],
         ingress_enabled: bool,
+        envs: Mapping[str, str] | None = None,
     ) -> tuple[str, str | None]:
         """``POST /sandboxes/{id}/fork`` of a paused sandbox (createos-api.md 3.9): the new
         sandbox's id and the status answered (None when unknown). ``egress`` is always sent:
         an empty list would inherit the source's, so callers pass ``["*"]`` for allow-all.
-        409 raises Conflict (not durable yet, or not paused); retried only on 429."""
+        ``envs`` are added to the source's. 409 raises Conflict (not durable yet, or not
+        paused); retried only on 429."""
         operation = "fork sandbox"
         require_id(source_id, "sandbox")
         body: dict[str, Any] = {
@@ -177,6 +179,8 @@ class SandboxCalls(ClientCore):
             "egress": list(egress),
             "ingress_enabled": ingress_enabled,
         }
+        if envs:
+            body["envs"] = dict(envs)
         data = await self._json_call(
             "POST", f"/sandboxes/{source_id}/fork", operation=operation, json=body
         )

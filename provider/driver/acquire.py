@@ -5,8 +5,9 @@ adapter, snapshot), creates it with a unique name token (``pc-<scope tag>-<uuid>
 environment is bound to a snapshot template, forks that (8.4, :mod:`provider.driver.forks`),
 waits for ``running``, prepares the workspace and writes a random marker that resume reads
 back. Every refusal happens before the first HTTP request. Whatever fails after the create or
-fork deletes the sandbox again; a create whose outcome is unknown is looked up by its name token
-and deleted. Setup sessions (:mod:`provider.driver.templates`) provision the same way.
+fork deletes the sandbox again; a create or fork whose outcome is unknown is looked up by its
+token (name or fork token) and deleted. Setup sessions (:mod:`provider.driver.templates`)
+provision the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.createos.errors import APIStatusError
-from provider.driver.forks import fork_template
+from provider.createos.errors import APIStatusError, InvalidIdentifier
+from provider.createos.models import SandboxView
+from provider.driver.forks import ForkRefused, carries_token, fork_template, fork_token
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams
 from provider.driver.placement import Placement, plan_placement
@@ -114,22 +116,19 @@ async def provision_sandbox(
 ) -> tuple[str, str]:
     """Create (or fork) a sandbox, bring it to ``running`` and prepare the workspace and marker;
     returns its id and the marker. ``name``: the create's name token (default
-    ``pc-<scope tag>-<uuid>``); a fork takes none.
+    ``pc-<scope tag>-<uuid>``); a fork takes none and carries a fork token instead
+    (:func:`provider.driver.forks.fork_token`).
 
     Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
-    (under a fresh, shielded deadline) before the error propagates. The create's name token is
-    journaled until the outcome is settled, so a worker crash in between cannot leak it. When
-    the outcome stays open (a create that may still land after its lookup found nothing, or a
-    cleanup that failed), the token is handed to recovery, which keeps looking for the sandbox
-    on later calls with this origin and key (:meth:`LeaseJournal.abandon_create`).
+    (under a fresh, shielded deadline) before the error propagates. The token (name or fork
+    token) is journaled until the outcome is settled, so a worker crash in between cannot leak
+    it. When the outcome stays open (a create or fork that may still land after its lookup
+    found nothing, or a cleanup that failed), the token is handed to recovery, which keeps
+    looking for the sandbox on later calls with this origin and key
+    (:meth:`LeaseJournal.abandon_create`).
     """
-    if placement.snapshot is not None:
-        sandbox_id, status = await fork_template(client, placement.snapshot, placement)
-        marker = await prepare_sandbox(
-            client, call, sandbox_id, status=status, patch=placement.window_patch()
-        )
-        return sandbox_id, marker
-    token = name or name_token(call.scope_tag)
+    snapshot = placement.snapshot
+    token = fork_token() if snapshot is not None else name or name_token(call.scope_tag)
     key_hash = call.scope("").key_hash
     await anyio.to_thread.run_sync(journal.add_create, call.config.api_url, key_hash, token)
     unresolved = False
@@ -139,10 +138,18 @@ async def provision_sandbox(
         unresolved = True
 
     try:
-        sandbox_id, status = await create_sandbox(
-            client, call, placement, token, on_unresolved=mark_unresolved
-        )
-        return sandbox_id, await prepare_sandbox(client, call, sandbox_id, status=status)
+        if snapshot is not None:
+            sandbox_id, status = await fork_sandbox(
+                client, call, placement, snapshot, token, on_unresolved=mark_unresolved
+            )
+            patch = placement.window_patch()
+        else:
+            sandbox_id, status = await create_sandbox(
+                client, call, placement, token, on_unresolved=mark_unresolved
+            )
+            patch = None
+        marker = await prepare_sandbox(client, call, sandbox_id, status=status, patch=patch)
+        return sandbox_id, marker
     except CleanupUnconfirmed:
         unresolved = True
         raise
@@ -213,16 +220,62 @@ async def create_sandbox(
             raise  # a definite rejection: nothing was created
         # A 5xx, a transport failure, a malformed answer, the deadline or a cancellation
         # mid-call: the outcome is unknown.
-        found = await _reap_by_name(client, token, call, exc)
+        found = await _reap_unknown(
+            client,
+            call,
+            exc,
+            lambda view: view.name == token,
+            what="Creating the sandbox",
+            look_for=f"a sandbox named {token}",
+        )
         if not found and on_unresolved is not None:
             on_unresolved()
         raise
 
 
-async def _reap_by_name(
-    client: CreateOSClient, token: str, call: BoundCall, cause: BaseException
+async def fork_sandbox(
+    client: CreateOSClient,
+    call: BoundCall,
+    placement: Placement,
+    source_id: str,
+    token: str,
+    *,
+    on_unresolved: Callable[[], None] | None = None,
+) -> tuple[str, str | None]:
+    """Fork the template ``source_id`` carrying ``token`` (its id and answered status); when
+    the outcome is unknown, find the fork by its token and delete it (``on_unresolved`` as
+    for :func:`create_sandbox`)."""
+    try:
+        return await fork_template(client, source_id, placement, token)
+    except BaseException as exc:
+        if isinstance(exc, ForkRefused | InvalidIdentifier) or (
+            isinstance(exc, APIStatusError) and exc.rejected
+        ):
+            raise  # a definite answer: nothing was forked
+        found = await _reap_unknown(
+            client,
+            call,
+            exc,
+            lambda view: carries_token(view, token, source_id),
+            what=f"Forking template {source_id}",
+            look_for=f"a sandbox forked from {source_id} with the env key {token}",
+        )
+        if not found and on_unresolved is not None:
+            on_unresolved()
+        raise
+
+
+async def _reap_unknown(
+    client: CreateOSClient,
+    call: BoundCall,
+    cause: BaseException,
+    matches: Callable[[SandboxView], bool],
+    *,
+    what: str,
+    look_for: str,
 ) -> bool:
-    """After a create with an unknown outcome: delete any sandbox carrying our name token.
+    """After a create or fork with an unknown outcome: delete every sandbox that ``matches``
+    (it carries the request's token).
 
     Answers whether one was found (and deleted); raises :class:`CleanupUnconfirmed` when the
     lookup or the delete failed.
@@ -232,14 +285,14 @@ async def _reap_by_name(
     async def reap() -> None:
         nonlocal found
         for view in await client.list_sandboxes():
-            if view.name == token:
+            if matches(view):
                 found = True
                 await delete_sandbox_confirmed(client, view.id)
 
     if not await _cleaned_up(call, reap):
         raise CleanupUnconfirmed(
-            f"Creating the sandbox failed ({_reason(cause)}) and it may have been created "
-            f"anyway; checking for it failed too. Look for a sandbox named {token} in CreateOS."
+            f"{what} failed ({_reason(cause)}), but the sandbox may exist anyway; checking "
+            f"for it failed too. Look for {look_for} in CreateOS and delete it."
         ) from cause
     return found
 

@@ -3,10 +3,11 @@
 ``recover_orphans`` runs at the start of every call that carries an environment config. For the
 call's API origin and key it finds journal entries whose owner process is gone: managed processes
 that may still run (their tree is killed; if that cannot be confirmed the lease is poisoned),
-sandbox creates that never finished or whose outcome stayed open (the sandbox carrying the name
-token is deleted; one not found yet is looked for again while the journal watches it), and host
-temp folders of interrupted transfers (removed). Nothing happens, and no HTTP request is made,
-when the journal holds no orphan for that origin and key.
+sandbox creates and forks that never finished or whose outcome stayed open (the sandbox carrying
+the token, as its name or as a fork's env key, is deleted; one not found yet is looked for again
+while the journal watches it), and host temp folders of interrupted transfers (removed).
+Nothing happens, and no HTTP request is made, when the journal holds no orphan for that origin
+and key.
 """
 
 from __future__ import annotations
@@ -71,10 +72,13 @@ async def _reap_creates(client: CreateOSClient, journal: LeaseJournal, tokens: s
     try:
         views = await client.list_sandboxes()
         for view in views:
-            if view.name in tokens:
+            # A create's token is its name; a fork's is one of its env keys (forks take no name).
+            hits = (tokens & {view.name}) or (tokens & view.env_keys)
+            if hits:
                 await delete_sandbox_confirmed(client, view.id)
-                tokens.discard(view.name)
-                await anyio.to_thread.run_sync(journal.remove_create, view.name)
+                for token in hits:
+                    tokens.discard(token)
+                    await anyio.to_thread.run_sync(journal.remove_create, token)
     except ProviderError:
         return  # try again on the next call
     for token in tokens:  # not found: done, unless a late create may still land

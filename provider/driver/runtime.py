@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,40 +135,11 @@ def owned_scope(
     return call.scope(lease_id)
 
 
-_DEADLINE_NOTES: ContextVar[list[str] | None] = ContextVar("deadline_notes", default=None)
-
-
 @contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
-    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`
-    (which adds any :func:`deadline_warning` the expiry interrupted)."""
-    notes: list[str] = []
-    token = _DEADLINE_NOTES.set(notes)
+    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`."""
     try:
         with anyio.fail_after(seconds):
             yield
     except TimeoutError as exc:
-        warnings = "".join(f" {note}" for note in notes)
-        raise ProviderError(f"{what} did not finish within {seconds:g} s.{warnings}") from exc
-    finally:
-        _DEADLINE_NOTES.reset(token)
-
-
-@contextmanager
-def deadline_warning(text: str) -> Iterator[None]:
-    """Within the innermost :func:`deadline` of this task: if the block is interrupted (the
-    deadline fires inside it), the timeout message ends with ``text``. A block left normally,
-    or outside any deadline, adds nothing."""
-    notes = _DEADLINE_NOTES.get()
-    if notes is None:
-        yield
-        return
-    notes.append(text)
-    try:
-        yield
-    except anyio.get_cancelled_exc_class():
-        raise  # interrupted: the note stays for the timeout message
-    except BaseException:
-        notes.remove(text)
-        raise
-    notes.remove(text)
+        raise ProviderError(f"{what} did not finish within {seconds:g} s.") from exc

@@ -60,6 +60,22 @@ def test_sandbox_view_keeps_the_timestamps_the_reaper_orders_by() -> None:
     assert odd.paused_at == 1758369600
 
 
+@pytest.mark.parametrize(
+    ("envs", "keys"),
+    [
+        (["A", "PAPERCLIP_CREATEOS_FORK_1"], {"A", "PAPERCLIP_CREATEOS_FORK_1"}),
+        ({"A": "***", "B": None}, {"A", "B"}),  # an object with hidden values
+        (["A", 3, None], {"A"}),
+        ("A", set()),
+        (None, set()),
+        (7, set()),
+    ],
+)
+def test_sandbox_view_env_keys_read_names_only_and_never_fail(envs: Any, keys: set[str]) -> None:
+    view = sandbox_view({"id": "sb_1", "status": "running", "envs": envs}, "op")
+    assert view.env_keys == keys
+
+
 def test_sandbox_view_ignores_unknown_fields_and_refuses_bad_ids() -> None:
     view = sandbox_view({"id": "sb_1", "status": "running", "vcpu": 1, "envs": ["A"]}, "op")
     assert (view.id, view.status, view.region) == ("sb_1", "running", None)

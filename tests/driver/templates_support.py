@@ -82,6 +82,27 @@ class _Recorder(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+FORK_TOKEN = re.compile(r"^PAPERCLIP_CREATEOS_FORK_[0-9a-f]{32}$")
+
+
+def fork_bodies(sent: list[tuple[str, str, Any]], source: str) -> list[dict[str, Any]]:
+    """The bodies of the forks of ``source`` in ``sent``, each checked to carry one fresh fork
+    token (``envs``) and shown without it; a retried fork repeats its token."""
+    bodies: list[dict[str, Any]] = []
+    for _, path, body in sent:
+        if path == f"/v1/sandboxes/{source}/fork":
+            rest = dict(body)
+            envs = rest.pop("envs")
+            (token,) = envs
+            assert FORK_TOKEN.match(token) and envs[token] == "1", envs
+            bodies.append(rest)
+    return bodies
+
+
+def fork_tokens(sent: list[tuple[str, str, Any]]) -> list[str]:
+    return [next(iter(body["envs"])) for _, path, body in sent if path.endswith("/fork")]
+
+
 def record_bodies(h: Harness) -> list[tuple[str, str, Any]]:
     """From now on, every request the driver sends, with its JSON body."""
     sent: list[tuple[str, str, Any]] = []

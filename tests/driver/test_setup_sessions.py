@@ -21,6 +21,7 @@ from tests.driver.templates_support import (
     SETUP_FILE,
     UUID,
     api,
+    fork_bodies,
     gone,
     host_redact,
     record_bodies,
@@ -210,7 +211,7 @@ async def test_start_from_a_template_forks_it_and_disarms_the_idle_pause(harness
     assert sandbox_id != ref
     fork_body = {"start_paused": False, "egress": ["*"], "ingress_enabled": False}
     calls = [(method, path) for method, path, _ in sent]
-    assert [b for _, p, b in sent if p.endswith("/fork")] == [fork_body]
+    assert fork_bodies(sent, ref) == [fork_body]
     assert [b for m, _, b in sent if m == "PATCH"] == [{"disable_auto_pause": True}]
     fork_at = calls.index(("POST", f"/v1/sandboxes/{ref}/fork"))
     patch_at = calls.index(("PATCH", f"/v1/sandboxes/{sandbox_id}"))

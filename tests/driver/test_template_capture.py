@@ -3,21 +3,23 @@ the emulator (provider-behavior.md 8.3-8.4, checklist 82 without the attach help
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any
 
-import anyio
 import pytest
 
 from provider.driver import forks
-from provider.driver.runtime import deadline, deadline_warning
 from provider.driver.templates import endpoint_digest
 from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.templates_support import (
     SETUP_FILE,
     alive_processes,
+    api,
     capture,
+    fork_bodies,
+    fork_tokens,
     gone,
     host_redact,
     record_bodies,
@@ -77,9 +79,9 @@ async def test_capture_pauses_the_sandbox_without_processes_and_acquire_forks_it
     lease = await h.acquire(**config)
     lease_id = lease["providerLeaseId"]
     assert lease_id != sandbox_id
-    forks_sent = [b for m, p, b in sent if p == f"/v1/sandboxes/{sandbox_id}/fork"]
     body = {"start_paused": False, "egress": ["*"], "ingress_enabled": False}
-    assert forks_sent == [body, body, body]  # two scripted 409s, then the fork
+    assert fork_bodies(sent, sandbox_id) == [body, body, body]  # two scripted 409s, the fork
+    assert len(set(fork_tokens(sent))) == 1  # the retries are the same fork: one token
     log = (await h.emulator.admin.requests())[since:]
     fork_statuses = [r["status"] for r in log if r["path"].endswith("/fork")]
     assert fork_statuses == [409, 409, 200]
@@ -122,8 +124,7 @@ async def test_a_disposable_lease_of_a_template_disarms_the_inherited_idle_pause
     ref, _ = await template(h)
     sent = record_bodies(h)
     lease = await h.acquire(workspace=False, **template_config(ref, egressAllowlist=["github.com"]))
-    forks_sent = [b for m, p, b in sent if p.endswith("/fork")]
-    assert forks_sent == [
+    assert fork_bodies(sent, ref) == [
         {"start_paused": False, "egress": ["github.com"], "ingress_enabled": False}
     ]
     assert [b for m, _, b in sent if m == "PATCH"] == [{"disable_auto_pause": True}]
@@ -153,14 +154,85 @@ async def test_a_gone_template_refuses_acquire_and_a_failed_setup_deletes_the_fo
     assert template_view is not None and template_view["status"] == "paused"
 
 
-async def test_a_fork_of_unknown_outcome_warns_that_a_sandbox_may_be_left_behind(
+async def forks_of(h: Harness, ref: str) -> list[dict[str, Any]]:
+    """The API's views of every sandbox forked from ``ref`` (deleted ones included)."""
+    async with api(h) as client:
+        listed = (await client.get("/v1/sandboxes", params={"limit": 100})).json()["data"]["data"]
+    return [s for s in listed if s.get("forked_from") == ref]
+
+
+def watched_tokens(h: Harness) -> list[str]:
+    journal = h.methods.runtime.journal
+    return journal.orphan_creates(h.emulator.base_url, hashlib.sha256(b"test-key").hexdigest())
+
+
+async def test_a_fork_whose_answer_was_lost_is_found_by_its_token_and_deleted(
     harness: Harness,
 ) -> None:
     h = harness
     ref, _ = await template(h)
-    await h.emulator.admin.add_fault("POST", r"/fork$", status=503)
-    with pytest.raises(CleanupUnconfirmed, match=f"forked from template {ref} may have been"):
+    sent = record_bodies(h)
+    await h.emulator.admin.add_fault("POST", r"/fork$", lose_response=True)
+    with pytest.raises(ProviderError) as caught:
         await h.acquire(**template_config(ref))
+    assert not isinstance(caught.value, CleanupUnconfirmed)  # found, so nothing is left
+    (token,) = fork_tokens(sent)
+    (forked,) = await forks_of(h, ref)  # the fork did happen
+    assert token in forked["envs"]
+    assert await gone(h, forked["id"])
+    calls = [(m, p) for m, p, _ in sent]
+    listed = calls.index(("GET", "/v1/sandboxes"))
+    assert ("DELETE", f"/v1/sandboxes/{forked['id']}") in calls[listed:]
+    assert watched_tokens(h) == []  # settled: recovery has nothing to look for
+    template_view = await view(h, ref)
+    assert template_view is not None and template_view["status"] == "paused"
+
+
+async def test_a_fork_that_lands_after_its_lookup_is_deleted_by_a_later_call(
+    harness: Harness,
+) -> None:
+    """A 503 fork: the lookup finds nothing, but a fork that timed out on our side may still be
+    served late, so the journal keeps watching its token; the next call deletes it."""
+    h = harness
+    ref, _ = await template(h)
+    sent = record_bodies(h)
+    await h.emulator.admin.add_fault("POST", r"/fork$", status=503)
+    with pytest.raises(ProviderError, match="503") as caught:
+        await h.acquire(**template_config(ref))
+    assert not isinstance(caught.value, CleanupUnconfirmed)
+    (token,) = fork_tokens(sent)
+    assert await forks_of(h, ref) == []
+    assert watched_tokens(h) == [token]
+    async with api(h) as client:  # the late fork lands, carrying the token
+        late = await client.post(
+            f"/v1/sandboxes/{ref}/fork", json={"envs": {token: "1"}, "egress": ["*"]}
+        )
+        late_id = late.json()["data"]["id"]
+        # A fork of the same template without the token is someone else's: left alone.
+        other = await client.post(f"/v1/sandboxes/{ref}/fork", json={"egress": ["*"]})
+        other_id = other.json()["data"]["id"]
+    lease = await h.acquire()  # any later call of this origin and key
+    assert await gone(h, late_id)
+    other_view = await view(h, other_id)
+    assert other_view is not None and other_view["status"] == "running"
+    assert watched_tokens(h) == []
+    await h.methods.destroy(h.lease_ref(lease))
+
+
+async def test_a_fork_of_unknown_outcome_whose_lookup_fails_names_what_to_look_for(
+    harness: Harness,
+) -> None:
+    h = harness
+    ref, _ = await template(h)
+    sent = record_bodies(h)
+    await h.emulator.admin.add_fault("POST", r"/fork$", status=503)
+    await h.emulator.admin.add_fault("GET", r"^/v1/sandboxes$", times=50, status=500)
+    with pytest.raises(CleanupUnconfirmed) as caught:
+        await h.acquire(**template_config(ref))
+    (token,) = fork_tokens(sent)
+    assert f"a sandbox forked from {ref} with the env key {token}" in str(caught.value)
+    assert watched_tokens(h) == [token]  # later calls keep looking
+    await h.emulator.admin.clear_faults()
 
 
 async def test_a_fork_that_keeps_answering_409_gives_up_after_its_retries(
@@ -254,20 +326,3 @@ async def test_delete_template_refuses_a_running_sandbox_and_foreign_metadata(
     assert await h.request_count() == before
     template_view = await view(h, ref)
     assert template_view is not None and template_view["status"] == "paused"
-
-
-# -- the deadline's warning of an interrupted fork ---------------------------------------------
-
-
-async def test_a_deadline_names_the_warning_of_the_block_it_interrupted() -> None:
-    interrupted = pytest.raises(ProviderError, match=r"within 0\.05 s\. a fork may be left$")
-    with interrupted, deadline(0.05, "Forking"), deadline_warning("a fork may be left"):
-        await anyio.sleep(5)
-    with pytest.raises(ProviderError, match=r"within 0\.05 s\.$"), deadline(0.05, "Forking"):
-        with pytest.raises(KeyError), deadline_warning("a fork may be left"):
-            raise KeyError("answered")  # a definite answer: nothing is left behind
-        with deadline_warning("done"):
-            pass
-        await anyio.sleep(5)  # the deadline fires outside any warning
-    with deadline_warning("outside any deadline"):
-        pass
