@@ -148,7 +148,7 @@ class Guest:
                 self.child_pidfd = os.pidfd_open(self.host_pid)
                 self.pid_ns = os.readlink(f"/proc/{self.host_pid}/ns/pid")  # noqa: PTH115
         if self._gone:
-            raise GuestGone("sandbox payload exited during start")
+            raise GuestGone(f"sandbox payload exited during start{_log_tail(log_path)}")
 
     async def kill(self) -> None:
         """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace), wait until the
@@ -338,3 +338,14 @@ async def _read_info(fd: int) -> bytes:
         chunks.append(chunk)
         if not chunk or b"}" in chunk:
             return b"".join(chunks)
+
+
+def _log_tail(path: Path, limit: int = 600) -> str:
+    """The end of a guest's stderr log (bwrap's own errors land there), for a start failure."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - limit))
+            text = fh.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return f": {text}" if text else ""

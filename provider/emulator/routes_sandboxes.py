@@ -224,7 +224,8 @@ async def _fork_later(ctx: Ctx, source: Sandbox, child: Sandbox, start_paused: b
             return
         await ctx.core.boot(child)
     except Exception:
-        log.warning("fork %s -> %s failed", source.id, child.id, exc_info=True)
+        if not child.closed:  # a fork deleted while it booted fails as it should: no warning
+            log.warning("fork %s -> %s failed", source.id, child.id, exc_info=True)
         if child.status == "forking":
             child.status = "error"
         return

@@ -83,9 +83,13 @@ class SandboxFiles:
         """Delete the state dir (blocking; run in a thread)."""
 
         def onerror(func: Any, path: str, _exc: Any) -> None:
+            # A guest may have left a tree unwritable: open it up and retry, but never the
+            # shared folder above the state dir (every other sandbox's guest traverses it).
+            target = Path(path)
             with contextlib.suppress(OSError):
-                Path(path).parent.chmod(0o700)
-                Path(path).chmod(0o700)
+                if target != self.state_dir:
+                    target.parent.chmod(0o700)
+                target.chmod(0o700)
                 func(path)
 
         if self.state_dir.exists():

@@ -72,19 +72,31 @@ class GuestHost:
         return [] if root is None else image_mounts(root, self.spec.rootfs)
 
     async def _boot(self, tg: anyio.abc.TaskGroup, supervisor: Path, mounts: list[str]) -> None:
-        await anyio.to_thread.run_sync(self.files.prepare)
-        guest = Guest(self.runtime)
-        self.guest = guest
-        await guest.start(
-            tg,
-            fs_dir=self.files.fs_dir,
-            etc_dir=self.files.etc_dir,
-            supervisor=supervisor,
-            hostname=self.spec.name,
-            log_path=self.files.state_dir / "supervisor.log",
-            unshare_net=self.isolated_net,
-            image_mounts=mounts,
-        )
+        # Held while booting: a delete meanwhile removes the state dir only once the guest has
+        # started (and is then killed) or failed, never while its files are being written.
+        self.files.hold()
+        try:
+            self._check_open()
+            await anyio.to_thread.run_sync(self.files.prepare)
+            self._check_open()
+            guest = Guest(self.runtime)
+            self.guest = guest
+            await guest.start(
+                tg,
+                fs_dir=self.files.fs_dir,
+                etc_dir=self.files.etc_dir,
+                supervisor=supervisor,
+                hostname=self.spec.name,
+                log_path=self.files.state_dir / "supervisor.log",
+                unshare_net=self.isolated_net,
+                image_mounts=mounts,
+            )
+        finally:
+            self.files.release()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise GuestGone("the sandbox was deleted while it booted")
 
     def start_soon(self, func: Callable[[], Awaitable[Any]]) -> None:
         """Run ``func`` in the sandbox's task group; its errors are logged, never propagated."""

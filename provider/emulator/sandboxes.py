@@ -168,7 +168,8 @@ class Sandbox(GuestHost):
             try:
                 await self._boot(tg, supervisor, mounts)
             except BaseException:
-                self.status = "failed"
+                if self.status not in ("destroying", "destroyed"):  # not deleted meanwhile
+                    self.status = "failed"
                 self._closed.set()
                 raise
             self.spawn_ms = int((anyio.current_time() - started) * 1000)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import stat
 from typing import Any
 
+import anyio
 import pytest
 
 from provider.emulator import Emulator
@@ -238,3 +240,33 @@ async def test_accept_any_shape_and_no_credit_switches(emulator: Emulator) -> No
         assert (
             await client.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
         ).status_code == 402
+
+
+async def test_sandboxes_deleted_while_they_boot_go_cleanly_and_leave_others_bootable(
+    emulator: Emulator,
+) -> None:
+    await emulator.admin.settings(create_mode="async")
+    assert emulator.core is not None
+    shared = emulator.core.data_dir / "sandboxes"
+    async with api(emulator) as client:
+        deleted: list[str] = []
+        for pause in (0.0, 0.005, 0.02, 0.05, 0.1, 0.2):
+            created = await client.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+            sandbox_id = data(created)["id"]
+            await anyio.sleep(pause)  # the delete lands at a different point of the boot
+            assert (await client.delete(f"/v1/sandboxes/{sandbox_id}")).status_code == 200
+            deleted.append(sandbox_id)
+        for sandbox_id in deleted:
+            with anyio.fail_after(20):
+                while True:
+                    answer = await client.get(f"/v1/sandboxes/{sandbox_id}")
+                    status = None if answer.status_code == 404 else data(answer)["status"]
+                    assert status in (None, "destroying", "destroyed"), status
+                    if status in (None, "destroyed"):
+                        break
+                    await anyio.sleep(0.02)
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o711
+        assert not [p.name for p in shared.iterdir() if p.name in deleted]
+        await emulator.admin.settings(create_mode="sync")
+        survivor = await create_sandbox(client)
+        assert (await sh(client, survivor, "echo ok"))["stdout"] == "ok\n"
