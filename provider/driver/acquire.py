@@ -13,7 +13,8 @@ provision the same way.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -207,7 +208,15 @@ async def create_sandbox(
     (a request that timed out on our side can still be served), so absence proves nothing yet.
     """
     config = call.config
-    try:
+    async with _found_if_unknown(
+        client,
+        call,
+        definite=_rejected,
+        matches=lambda view: view.name == token,
+        what="Creating the sandbox",
+        look_for=f"a sandbox named {token}",
+        on_unresolved=on_unresolved,
+    ):
         return await client.create_sandbox_status(
             shape=config.shape,
             name=token,
@@ -215,22 +224,6 @@ async def create_sandbox(
             region=config.region,
             **placement.create_fields(),
         )
-    except BaseException as exc:
-        if isinstance(exc, APIStatusError) and exc.rejected:
-            raise  # a definite rejection: nothing was created
-        # A 5xx, a transport failure, a malformed answer, the deadline or a cancellation
-        # mid-call: the outcome is unknown.
-        found = await _reap_unknown(
-            client,
-            call,
-            exc,
-            lambda view: view.name == token,
-            what="Creating the sandbox",
-            look_for=f"a sandbox named {token}",
-        )
-        if not found and on_unresolved is not None:
-            on_unresolved()
-        raise
 
 
 async def fork_sandbox(
@@ -245,56 +238,60 @@ async def fork_sandbox(
     """Fork the template ``source_id`` carrying ``token`` (its id and answered status); when
     the outcome is unknown, find the fork by its token and delete it (``on_unresolved`` as
     for :func:`create_sandbox`)."""
-    try:
+    async with _found_if_unknown(
+        client,
+        call,
+        definite=lambda exc: _rejected(exc) or isinstance(exc, ForkRefused | InvalidIdentifier),
+        matches=lambda view: carries_token(view, token, source_id),
+        what=f"Forking template {source_id}",
+        look_for=f"a sandbox forked from {source_id} with the env key {token}",
+        on_unresolved=on_unresolved,
+    ):
         return await fork_template(client, source_id, placement, token)
-    except BaseException as exc:
-        if isinstance(exc, ForkRefused | InvalidIdentifier) or (
-            isinstance(exc, APIStatusError) and exc.rejected
-        ):
-            raise  # a definite answer: nothing was forked
-        found = await _reap_unknown(
-            client,
-            call,
-            exc,
-            lambda view: carries_token(view, token, source_id),
-            what=f"Forking template {source_id}",
-            look_for=f"a sandbox forked from {source_id} with the env key {token}",
-        )
+
+
+def _rejected(exc: BaseException) -> bool:
+    return isinstance(exc, APIStatusError) and exc.rejected
+
+
+@asynccontextmanager
+async def _found_if_unknown(
+    client: CreateOSClient,
+    call: BoundCall,
+    *,
+    definite: Callable[[BaseException], bool],
+    matches: Callable[[SandboxView], bool],
+    what: str,
+    look_for: str,
+    on_unresolved: Callable[[], None] | None,
+) -> AsyncIterator[None]:
+    """Around a create or fork: when it fails other than ``definite``ly (a 5xx, a transport
+    failure, a malformed answer, the deadline or a cancellation mid-call), its outcome is
+    unknown, so delete every sandbox that ``matches`` (it carries the request's token), then
+    let the failure propagate. ``on_unresolved`` is called when none was found; a lookup or
+    delete that fails raises :class:`CleanupUnconfirmed`."""
+    try:
+        yield
+    except BaseException as cause:
+        if definite(cause):
+            raise  # a definite answer: nothing was made
+        found = False
+
+        async def reap() -> None:
+            nonlocal found
+            for view in await client.list_sandboxes():
+                if matches(view):
+                    found = True
+                    await delete_sandbox_confirmed(client, view.id)
+
+        if not await _cleaned_up(call, reap):
+            raise CleanupUnconfirmed(
+                f"{what} failed ({_reason(cause)}), but the sandbox may exist anyway; checking "
+                f"for it failed too. Look for {look_for} in CreateOS and delete it."
+            ) from cause
         if not found and on_unresolved is not None:
             on_unresolved()
         raise
-
-
-async def _reap_unknown(
-    client: CreateOSClient,
-    call: BoundCall,
-    cause: BaseException,
-    matches: Callable[[SandboxView], bool],
-    *,
-    what: str,
-    look_for: str,
-) -> bool:
-    """After a create or fork with an unknown outcome: delete every sandbox that ``matches``
-    (it carries the request's token).
-
-    Answers whether one was found (and deleted); raises :class:`CleanupUnconfirmed` when the
-    lookup or the delete failed.
-    """
-    found = False
-
-    async def reap() -> None:
-        nonlocal found
-        for view in await client.list_sandboxes():
-            if matches(view):
-                found = True
-                await delete_sandbox_confirmed(client, view.id)
-
-    if not await _cleaned_up(call, reap):
-        raise CleanupUnconfirmed(
-            f"{what} failed ({_reason(cause)}), but the sandbox may exist anyway; checking "
-            f"for it failed too. Look for {look_for} in CreateOS and delete it."
-        ) from cause
-    return found
 
 
 async def _delete_after_failure(
