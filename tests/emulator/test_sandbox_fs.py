@@ -33,4 +33,3 @@ def test_a_failed_removal_of_the_state_dir_leaves_the_shared_parent_alone(
     files.remove()
     assert stat.S_IMODE(shared.stat().st_mode) == 0o711
     assert not files.state_dir.exists()
-
