@@ -1,6 +1,6 @@
 """Counting request starts in sliding windows: how the pacer's bound is checked and reported.
 
-Shared by the pacer tests (``tests/createos/test_pacer.py``) and ``bench/pacing.py``.
+Shared by the pacer tests (``tests/createos/pacer/``) and ``bench/pacing.py``.
 """
 
 from __future__ import annotations
