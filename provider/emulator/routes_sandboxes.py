@@ -62,12 +62,6 @@ async def whoami(ctx: Ctx) -> Response:
 
 
 # -- sandboxes ----------------------------------------------------------------------------
-def _boot_failed(sandbox: Sandbox) -> None:
-    """A create whose guest did not start is ``failed``, unless it was deleted meanwhile."""
-    if sandbox.status == "creating":
-        sandbox.status = "failed"
-
-
 async def create(ctx: Ctx) -> Response:
     body = await json_body(ctx)
     spec = build_spec(ctx, body)
@@ -82,12 +76,10 @@ async def create(ctx: Ctx) -> Response:
         await core.boot(sandbox)
     except ImageError as exc:
         log.warning("sandbox %s could not be started: %s", sandbox.id, exc)
-        _boot_failed(sandbox)
         return error(503, f"sandbox could not be started: {exc}")
     except Exception:
         if not sandbox.closed:  # deleted while it booted: failing is what it should do
             log.exception("sandbox %s could not be started", sandbox.id)
-        _boot_failed(sandbox)
         return error(503, "sandbox could not be started")
     await anyio.sleep(core.settings.create_delay_ms / 1000)
     if sandbox.status == "creating":
@@ -101,7 +93,6 @@ async def _boot_later(ctx: Ctx, sandbox: Sandbox) -> None:
     except Exception:
         if not sandbox.closed:
             log.exception("sandbox %s could not be started", sandbox.id)
-        _boot_failed(sandbox)
         return
     await anyio.sleep(ctx.core.settings.create_delay_ms / 1000)
     if sandbox.status == "creating":

@@ -160,23 +160,26 @@ class Sandbox(GuestHost):
             # Planned outside the task group so that an ImageError reaches the caller as is.
             mounts = await anyio.to_thread.run_sync(self._image_mounts)
         except BaseException:
-            self.status = "failed"
-            self._closed.set()
+            self._boot_failed()
             raise
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:
                 await self._boot(tg, supervisor, mounts)
             except BaseException:
-                if self.status not in ("destroying", "destroyed"):  # not deleted meanwhile
-                    self.status = "failed"
-                self._closed.set()
+                self._boot_failed()
                 raise
             self.spawn_ms = int((anyio.current_time() - started) * 1000)
             task_status.started()
             tg.start_soon(guarded, self.idle.run)
             await self._closed.wait()
             tg.cancel_scope.cancel()
+
+    def _boot_failed(self) -> None:
+        """The guest did not start: ``failed``, unless the sandbox was deleted meanwhile."""
+        if self.status not in ("destroying", "destroyed"):
+            self.status = "failed"
+        self._closed.set()
 
     # -- transitions --------------------------------------------------------------------
     def mark_running(self) -> None:
