@@ -6,8 +6,8 @@ with ``{"start_paused": false, "egress": <effective or ["*"]>, "ingress_enabled"
 bundle becomes durable: that is the one POST we repeat on a status other than 429 (every 250 ms,
 at most 40 times, within the caller's deadline), because a 409 means the server did nothing. A
 404 means the template is gone (or belongs to another key). Those two, and any other definite
-rejection (a status below 500 other than 429, after the client's own 429 retries), created
-nothing: :class:`ForkRefused` or the status error itself.
+rejection (a status below 500, a 429 after the client's own retries included), created nothing:
+:class:`ForkRefused` or the status error itself.
 
 Forks take no name, so the fork token is how a fork whose outcome is unknown (5xx, connection
 lost, a malformed answer, the deadline during the call) is found again: an env key
