@@ -10,7 +10,7 @@ before any HTTP request.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,21 +118,26 @@ def owned_scope(
     meta = metadata or {}
     if meta.get("provider") != PROVIDER_NAME:
         raise RequestRefused("This lease was not issued by the CreateOS provider.")
-    mismatches = [
-        what
-        for what, key, expected in (
+    foreign = foreign_fields(
+        meta,
+        (
             ("company", "companyId", call.company_id),
             ("environment", "environmentId", call.environment_id),
             ("API endpoint", "apiUrl", call.config.api_url),
-        )
-        if meta.get(key) != expected
-    ]
-    if mismatches:
+        ),
+    )
+    if foreign:
         raise RequestRefused(
-            f"This lease was issued for another {' and '.join(mismatches)}; it cannot be used "
-            "with this environment."
+            f"This lease was issued for another {foreign}; it cannot be used with this environment."
         )
     return call.scope(lease_id)
+
+
+def foreign_fields(meta: Mapping[str, Any], expected: Sequence[tuple[str, str, str]]) -> str:
+    """What ``meta`` names differently from this call, as ``"company and environment"`` (empty
+    when everything matches); ``expected`` holds (what, key, value) triples. Leases, setup
+    sessions and templates each check their own metadata with it."""
+    return " and ".join(what for what, key, value in expected if meta.get(key) != value)
 
 
 @contextmanager

@@ -20,14 +20,21 @@ from provider.createos.models import is_valid_id
 from provider.driver.acquire import MARKER_PATH
 from provider.driver.execute import timeout_seconds
 from provider.driver.params import CaptureParams, DeleteTemplateParams
-from provider.driver.runtime import PROVIDER_NAME, BoundCall, DriverRuntime, bind_call, deadline
+from provider.driver.runtime import (
+    PROVIDER_NAME,
+    BoundCall,
+    DriverRuntime,
+    bind_call,
+    deadline,
+    foreign_fields,
+)
 from provider.driver.sandbox_ops import (
     delete_sandbox_confirmed,
     read_status,
     stop_every_tree,
     transition,
 )
-from provider.driver.templates import TEMPLATE_KIND, check_setup, endpoint_digest, foreign_fields
+from provider.driver.templates import TEMPLATE_KIND, check_setup, endpoint_digest
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 
 #: States in which a sandbox may be in use by a lease (or on its way there): never deleted as

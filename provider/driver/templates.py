@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
 from provider.config import DEFAULT_API_URL, EnvironmentConfig
@@ -30,7 +30,14 @@ from provider.driver.acquire import provision_sandbox
 from provider.driver.params import CancelSetupParams, GetSetupParams, StartSetupParams
 from provider.driver.placement import Placement, merge_egress
 from provider.driver.recovery import recover_orphans
-from provider.driver.runtime import PROVIDER_NAME, BoundCall, DriverRuntime, bind_call, deadline
+from provider.driver.runtime import (
+    PROVIDER_NAME,
+    BoundCall,
+    DriverRuntime,
+    bind_call,
+    deadline,
+    foreign_fields,
+)
 from provider.driver.sandbox_ops import delete_sandbox_confirmed, read_status, transition
 from provider.errors import RequestRefused
 
@@ -143,12 +150,6 @@ def _source_template(params: StartSetupParams) -> str | None:
     if not is_valid_id(ref):
         raise RequestRefused("The source template is not a valid CreateOS sandbox id.")
     return ref
-
-
-def foreign_fields(meta: Mapping[str, Any], expected: Sequence[tuple[str, str, str]]) -> str:
-    """What ``meta`` names differently from this call, as ``"company and environment"`` (empty
-    when everything matches); ``expected`` holds (what, key, value) triples."""
-    return " and ".join(what for what, key, value in expected if meta.get(key) != value)
 
 
 def check_setup(
