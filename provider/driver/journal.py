@@ -56,6 +56,12 @@ CREATE TABLE IF NOT EXISTS {db}.kept_forks (
   sandbox_id TEXT PRIMARY KEY, tag TEXT, key_hash TEXT, recorded_at REAL);
 """
 """The tables, in schema ``{db}`` (``main``, or ``legacy`` for an attached legacy journal)."""
+_LEGACY_ROWS = (
+    "SELECT EXISTS (SELECT 1 FROM legacy.unconfirmed) OR EXISTS (SELECT 1 FROM legacy.processes)"
+    " OR EXISTS (SELECT 1 FROM legacy.creates) OR EXISTS (SELECT 1 FROM legacy.tempdirs)"
+    " OR EXISTS (SELECT 1 FROM legacy.kept_forks)"
+)
+"""Whether an attached legacy journal holds any entry."""
 
 
 CREATE_WATCH_SECONDS = 900.0
@@ -98,8 +104,10 @@ class LeaseJournal:
             self._attach_legacy(legacy)
 
     def _attach_legacy(self, legacy: Path) -> None:
-        """Read the journal at ``legacy`` too; it must exist and be writable (its entries are
-        removed once handled), else it is left alone and stderr says why."""
+        """Read the journal at ``legacy`` too, if it holds any entry. It must be writable (its
+        entries are removed once handled), else it is left alone and stderr says why. An empty
+        one is not attached: after the upgrade only a worker of the earlier version that still
+        runs can write there, and what it leaves is read by the worker started after it."""
         try:
             self._db.execute(
                 "ATTACH DATABASE ? AS legacy", (f"{legacy.absolute().as_uri()}?mode=rw",)
@@ -107,14 +115,17 @@ class LeaseJournal:
             self._db.executescript(SCHEMA.format(db="legacy"))
             with self._tx() as db:  # a write: fails here, not mid-call, when it is read-only
                 db.execute("DELETE FROM legacy.tempdirs WHERE rowid=-1")
+                in_use = bool(db.execute(_LEGACY_ROWS).fetchone()[0])
         except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):  # not attached when ATTACH failed
-                self._db.execute("DETACH DATABASE legacy")
+            in_use = False
             print(
                 f"paperclip-createos: the legacy lease journal {legacy} is not read ({exc});"
                 " entries recorded there before the upgrade are not cleaned up.",
                 file=sys.stderr,
             )
+        if not in_use:
+            with contextlib.suppress(sqlite3.Error):  # not attached when ATTACH failed
+                self._db.execute("DETACH DATABASE legacy")
             return
         self.legacy = legacy
         self._schemas = ("main", "legacy")

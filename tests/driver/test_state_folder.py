@@ -171,6 +171,17 @@ def test_every_instance_reads_and_clears_the_legacy_journal_but_never_writes_it(
     second.close()
 
 
+def test_an_empty_legacy_journal_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "state" / "paperclip-createos"
+    crashed_legacy(root).close()
+    journal = open_journal(instance_env(tmp_path, UUID_A))
+    assert journal.legacy is None
+    journal.add_create(ORIGIN, scope().key_hash, "pc-new")
+    assert row_count(root / JOURNAL_NAME) == 0
+    assert row_count(root / "instances" / UUID_A / JOURNAL_NAME) == 1
+    journal.close()
+
+
 def test_an_unusable_legacy_journal_is_reported_and_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

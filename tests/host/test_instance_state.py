@@ -29,6 +29,7 @@ from tests.host.peer_helpers import CALL_TIMEOUT_MS
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
 INSTANCES = ("6f1c2a43-8d0e-4a55-9d0b-2f5e8c4b7a10", "0b9e7d21-3c4f-4e8a-b1d2-7a6c5e4f3d21")
+KEYS = dict(zip(INSTANCES, ("test-key", "other-key"), strict=True))
 DEAD_OWNER = "4194304:0"  # above the kernel's pid limit: never alive
 
 
@@ -69,7 +70,10 @@ async def test_two_instances_keep_apart_share_pacing_and_drain_the_legacy_journa
                     "XDG_RUNTIME_DIR": str(tmp_path / f"run-{n}"),
                 }
                 await peer.start_worker(plugin_id, env=env, auto_restart=False)
-                params = {**environment_call(emulator.base_url, "test-key"), "runId": f"r{n}"}
+            # The second instance calls first, with another key: it opens its journal while the
+            # legacy entry is there and leaves it alone; the first instance's call cleans it up.
+            for plugin_id in INSTANCES[::-1]:
+                params = {**environment_call(emulator.base_url, KEYS[plugin_id]), "runId": "r"}
                 leases[plugin_id] = await peer.call(
                     "environmentAcquireLease",
                     params,
@@ -84,7 +88,7 @@ async def test_two_instances_keep_apart_share_pacing_and_drain_the_legacy_journa
         finally:
             for plugin_id, lease in leases.items():
                 ref = {
-                    **environment_call(emulator.base_url, "test-key"),
+                    **environment_call(emulator.base_url, KEYS[plugin_id]),
                     "providerLeaseId": lease["providerLeaseId"],
                     "leaseMetadata": lease["metadata"],
                 }
@@ -103,7 +107,7 @@ async def test_two_instances_keep_apart_share_pacing_and_drain_the_legacy_journa
         assert journals[other] not in held[mine]
         assert root / "leases.sqlite3" in held[mine]  # the legacy journal, read by both
         assert pace in held[mine]  # one budget for the IP, whatever TMPDIR and XDG say
-    # The first worker's acquire deleted the legacy sandbox; the entry is gone for both.
+    # The first instance's acquire deleted the legacy sandbox, once; the entry is gone for both.
     assert legacy_rows(root / "leases.sqlite3") == 0
     deletes = [r["path"] for r in await emulator.admin.requests() if r["method"] == "DELETE"]
     assert deletes.count(f"/v1/sandboxes/{legacy_id}") == 1
