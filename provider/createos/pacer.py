@@ -30,7 +30,8 @@ Only a record from another boot or a corrupt one is dropped (the process's floor
 **Sharing.** With a ``shared_dir`` the value lives in a small file per origin (named by the
 sha256 of the origin) that every worker process of this user on the host updates under an
 ``fcntl.flock``. The default folder (:func:`default_runtime_dir`) is one per account and machine,
-not per Paperclip instance: every instance and tool of the account spends the one IP's budget. The lock is only ever taken non-blocking (``LOCK_NB``) for a read-modify-write
+not per Paperclip instance: every instance and tool of the account spends the one IP's budget.
+The lock is only ever taken non-blocking (``LOCK_NB``) for a read-modify-write
 of a few bytes; a busy lock is retried after a 1 ms sleep, so the event loop never blocks. Times
 are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux), tagged with the kernel boot id
 so a record from before a reboot is ignored, as is a record too far ahead to come from this

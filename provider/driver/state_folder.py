@@ -27,8 +27,10 @@ poisoned leases. Moving its rows into one instance's folder would hand another i
 to the wrong owner, so it is never moved and never written again: while it holds entries,
 every instance's journal reads it as well (:class:`~provider.driver.journal.LeaseJournal`
 ``legacy``), and an entry there is cleared by whichever worker handles it, exactly as when the
-folder was shared. Once it holds none it may be deleted while no worker runs. The request pacing folder is not here: it
-is shared by every instance on purpose (:func:`provider.createos.pacer.default_runtime_dir`).
+folder was shared. Once it holds none it may be deleted while no worker runs.
+
+The request pacing folder is not here: every instance shares it on purpose, one budget per IP
+(:func:`provider.createos.pacer.default_runtime_dir`).
 """
 
 from __future__ import annotations
