@@ -29,6 +29,7 @@ All methods are blocking; callers run them in worker threads.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import sys
 import threading
@@ -91,6 +92,8 @@ class LeaseJournal:
         self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Created 0600 before SQLite opens it: its -wal and -shm files copy that mode.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         target = ":memory:" if path is None else path.absolute().as_uri()
         self._db = sqlite3.connect(target, timeout=10.0, check_same_thread=False, uri=True)
         self._schemas: tuple[str, ...] = ("main",)

@@ -92,11 +92,11 @@ def open_journal(environ: Mapping[str, str] | None = None) -> LeaseJournal:
     roots = state_roots(environ)
     for root in roots:
         legacy = root / JOURNAL_NAME
+        folder = instance_dir(root, environ)
         try:
-            return LeaseJournal(
-                instance_dir(root, environ) / JOURNAL_NAME,
-                legacy=legacy if legacy.is_file() else None,
-            )
+            for private in (root, folder.parent):  # the account's alone, like the journal
+                private.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return LeaseJournal(folder / JOURNAL_NAME, legacy=legacy if legacy.is_file() else None)
         except (OSError, sqlite3.Error):
             continue
     tried = ", ".join(str(root) for root in roots)

@@ -8,6 +8,7 @@ import hashlib
 import os
 import pwd
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,11 @@ def test_two_instances_get_two_journals_under_one_root(tmp_path: Path) -> None:
     first.owner = second.owner = DEAD_OWNER
     assert second.orphan_creates(ORIGIN, scope().key_hash) == []
     assert not (root / JOURNAL_NAME).exists()  # no legacy journal is made up
+    private = [root, root / "instances", first.path.parent, second.path.parent]
+    assert [stat.S_IMODE(folder.stat().st_mode) for folder in private] == [0o700] * 4
+    files = sorted(root.rglob("leases.sqlite3*"))  # each journal with its -wal and -shm
+    assert len(files) == 6
+    assert {stat.S_IMODE(file.stat().st_mode) for file in files} == {0o600}
     first.close()
     second.close()
 
