@@ -102,6 +102,7 @@ async def test_two_instances_keep_apart_share_pacing_and_drain_the_legacy_journa
     journals = {p: root / "instances" / p / "leases.sqlite3" for p in INSTANCES}
     pace = Path(f"/tmp/paperclip-createos-{os.getuid()}")
     pace /= hashlib.sha256(emulator.base_url.encode()).hexdigest() + ".pace"
+    pace.unlink()  # this emulator's port is never used again; the folder is the account's
     for mine, other in (INSTANCES, INSTANCES[::-1]):
         assert journals[mine] in held[mine], sorted(held[mine])
         assert journals[other] not in held[mine]
