@@ -18,12 +18,12 @@ import struct
 import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .guest import ChildWatch, ExitInfo, Guest, GuestGone
+from .hostscan import guest_command
 from .ids import new_id, utc_now
 from .journal import Journal
 from .settings import Settings
@@ -230,14 +230,10 @@ class ManagedProcess:
             return None
         return group if group > 0 else None
 
-    def foreground(self) -> str | None:
+    def foreground(self) -> dict[str, Any] | None:
+        """The PTY's foreground job as ``{pid, cmd, args}`` (its group leader, guest pid)."""
         group = self.foreground_group()
-        if group is None:
-            return None
-        try:
-            return Path(f"/proc/{group}/comm").read_text().strip() or None
-        except OSError:
-            return None
+        return None if group is None else guest_command(group)
 
     def resize(self, rows: int, cols: int) -> None:
         assert self.pty_fd is not None

@@ -436,7 +436,14 @@ async def test_pty_process_terminal_resize_and_foreground_signal(emulator: Emula
         text = payload(frames).replace(b"\r", b"")
         assert b"is-a-tty\n30 100\n" in text and b"got:hi" in text
         assert all(f["stream"] == "pty" for f in frames if f["type"] == "data")
-        assert view["foreground"] in ("bash", "sleep")
+        # The foreground job is the leader's group (no job control in bash -c), as the guest
+        # sees it: its pid there and its argv (bash, or the sleep it execs as its last command).
+        foreground = view["foreground"]
+        assert foreground["pid"] == proc["pid"]
+        assert (foreground["cmd"], foreground["args"]) in (
+            ("/bin/bash", proc["args"]),
+            ("sleep", ["100"]),
+        )
         assert data(await client.post(f"{url}/resize", json={"rows": 40, "cols": 120}))["ok"]
         assert (await client.post(f"{url}/resize", json={"rows": 0, "cols": 1})).status_code == 400
         assert (await client.post(f"{url}/stdin/close")).status_code == 409
