@@ -111,11 +111,16 @@ def exit_line(info: ExitInfo) -> bytes:
 
 
 class StdinWriter:
-    """Queued, non-blocking writes to a process's stdin pipe."""
+    """Queued, non-blocking writes to a process's stdin pipe.
+
+    ``closed``: no more input is taken (closed by the client, or the process's tree is gone);
+    ``closed_by_client``: a ``stdin/close`` was answered, so another one is a conflict.
+    """
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
         self.closed = fd is None
+        self.closed_by_client = False
         self.queued = 0
         self._queue: list[bytes] = []
         self._wake = anyio.Event()

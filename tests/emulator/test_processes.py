@@ -146,6 +146,19 @@ async def test_input_and_stdin_close(emulator: Emulator) -> None:
         assert frames[-1] == {"type": "exit", "exit_code": 0}
 
 
+async def test_stdin_close_after_the_process_ended_succeeds_once(emulator: Emulator) -> None:
+    # The official Python SDK's managed_process example writes a line, then closes stdin; the
+    # process may have read it and ended (tree gone) before the close arrives.
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "echo done")
+        url = proc_url(sandbox_id, proc["process_id"])
+        ended = data(await client.get(f"{url}/wait", params={"scope": "tree"}))
+        assert ended["tree_exited"] is True
+        assert data(await client.post(f"{url}/stdin/close")) == {"ok": True}
+        assert (await client.post(f"{url}/stdin/close")).status_code == 409
+
+
 async def test_signal_reaches_the_group(emulator: Emulator) -> None:
     async with api(emulator) as client:
         sandbox_id = await create_sandbox(client)
