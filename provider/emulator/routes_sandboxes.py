@@ -71,7 +71,7 @@ async def create(ctx: Ctx) -> Response:
     sandbox = core.new_sandbox(spec, ctx.owner)
     if core.settings.create_mode == "async":
         core.start_soon(lambda: _boot_later(ctx, sandbox))
-        return ok(sandbox.create_view())
+        return _created(ctx, sandbox)
     try:
         await core.boot(sandbox)
     except ImageError as exc:
@@ -84,7 +84,16 @@ async def create(ctx: Ctx) -> Response:
     await anyio.sleep(core.settings.create_delay_ms / 1000)
     if sandbox.status == "creating":
         sandbox.mark_running()
-    return ok(sandbox.create_view())
+    return _created(ctx, sandbox)
+
+
+def _created(ctx: Ctx, sandbox: Sandbox) -> Response:
+    """The create answer; without ``status`` when ``create_omits_status`` asks for the body the
+    TS SDK describes (its client then has to read the status itself)."""
+    view = sandbox.create_view()
+    if ctx.core.settings.create_omits_status:
+        del view["status"]
+    return ok(view)
 
 
 async def _boot_later(ctx: Ctx, sandbox: Sandbox) -> None:

@@ -167,6 +167,18 @@ async def test_async_create_reports_creating_first(emulator: Emulator) -> None:
         assert (await sh(client, view["id"], "echo ok"))["stdout"] == "ok\n"
 
 
+async def test_create_can_answer_without_status(emulator: Emulator) -> None:
+    await emulator.admin.settings(create_omits_status=True)
+    async with api(emulator) as client:
+        view = data(await client.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"}))
+        assert "status" not in view and view["shape"] == "s-1vcpu-1gb"
+        assert data(await client.get(f"/v1/sandboxes/{view['id']}"))["status"] == "running"
+        await client.post(f"/v1/sandboxes/{view['id']}/pause")
+        await wait_status(client, view["id"], "paused")
+        forked = data(await client.post(f"/v1/sandboxes/{view['id']}/fork"))
+        assert forked["status"] == "forking"  # the knob is about create only
+
+
 async def test_patch_auto_pause_and_egress(emulator: Emulator) -> None:
     async with api(emulator) as client:
         sandbox_id = await create_sandbox(client, egress=["example.com:443"])
