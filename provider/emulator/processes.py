@@ -1,11 +1,11 @@
 """Managed processes and one-shot exec: output, exit detection, stdin, tree kill.
 
 The supervisor spawns each command in a new session and passes the parent ends of its pipes to
-the emulator, which reads them directly (no relay hop). A pump (``pumps.py``) keeps draining a pipe into the
-journal whether or not a reader is attached. "Finished" means the leader's exit is known and
-both pipes reached EOF, or stayed empty for ``exit_drain_ms`` (a background child may keep them
-open); only then is the ``exit`` line appended, after every data frame read so far. A streamed
-exec finishes at EOF only (createos-api.md 5: the worst case of an unknown).
+the emulator, which reads them directly (no relay hop). A pump (``pumps.py``) keeps draining a
+pipe into the journal whether or not a reader is attached. "Finished" means the leader's exit is
+known and both pipes reached EOF, or stayed empty for ``exit_drain_ms`` (a background child may
+keep them open); only then is the ``exit`` line appended, after every data frame read so far.
+A streamed exec finishes at EOF only (createos-api.md 5: the worst case of an unknown).
 """
 
 from __future__ import annotations
