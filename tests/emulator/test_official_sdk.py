@@ -401,6 +401,11 @@ async def test_errors_are_jsend_with_request_ids(sdk: Client, emulator: Emulator
             with pytest.raises(APIError) as not_paused:
                 mine.resume().fork()
             assert not_paused.value.status_code == 409
+            with pytest.raises(APIError) as not_emulated:
+                mine.bandwidth()
+            assert not_emulated.value.status_code == 404 and "no such route" in str(
+                not_emulated.value
+            )
         wrong = sdk_client(emulator, "not-a-key")
         try:
             with pytest.raises(APIError) as denied:
