@@ -87,12 +87,32 @@ async def create(ctx: Ctx) -> Response:
     return _created(ctx, sandbox)
 
 
+# The create answer the TS SDK describes (its CreateSandboxResponse): no ``status`` and none of
+# the other view-only fields.
+CREATE_RESPONSE_FIELDS = frozenset(
+    [
+        "id",
+        "name",
+        "ip",
+        "shape",
+        "rootfs",
+        "vcpu",
+        "mem_mib",
+        "disk_mib",
+        "spawn_ms",
+        "egress",
+        "bandwidth_quota_bytes",
+        "ingress_url_template",
+    ]
+)
+
+
 def _created(ctx: Ctx, sandbox: Sandbox) -> Response:
-    """The create answer; without ``status`` when ``create_omits_status`` asks for the body the
-    TS SDK describes (its client then has to read the status itself)."""
+    """The create answer: the full view, or with ``create_omits_status`` the TS SDK's body (a
+    client then has to read the status itself)."""
     view = sandbox.create_view()
     if ctx.core.settings.create_omits_status:
-        del view["status"]
+        view = {name: value for name, value in view.items() if name in CREATE_RESPONSE_FIELDS}
     return ok(view)
 
 
