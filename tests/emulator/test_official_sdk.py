@@ -17,7 +17,13 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 from createos.client import Client
-from createos.errors import APIError, AuthenticationError, CommandError, ProtocolError
+from createos.errors import (
+    APIError,
+    AuthenticationError,
+    CommandError,
+    OperationTimeout,
+    ProtocolError,
+)
 from createos.instance import SandboxInstance
 from createos.models import (
     CreateSandboxRequest,
@@ -167,6 +173,15 @@ async def test_egress_and_auto_pause_settings(sdk: Client) -> None:
             armed = sandbox.set_auto_pause(120).data
             assert armed.auto_pause_after_seconds == 120
             assert sandbox.set_auto_pause(None).data.auto_pause_after_seconds is None
+            # A restrictive list gives the sandbox its own loopback: a server there is reached
+            # by the SDK's wait_for_port (an exec probing /dev/tcp), a closed port is not.
+            server = ManagedProcessCreateRequest(
+                command="python3", arguments=["-m", "http.server", "8765", "--bind", "127.0.0.1"]
+            )
+            sandbox.processes.create(server)
+            sandbox.wait_for_port(8765, timeout=15)
+            with pytest.raises(OperationTimeout):
+                sandbox.wait_for_port(8766, timeout=0.2)
 
     await sdk_run(scenario)
 
