@@ -31,6 +31,7 @@ from createos.models import (
     ExecStreamEventType,
     ForkSandboxRequest,
     ListSandboxesOptions,
+    ManagedProcess,
     ManagedProcessConnectEventType,
     ManagedProcessConnectOptions,
     ManagedProcessCreateRequest,
@@ -91,6 +92,11 @@ def sandbox_of(client: Client, **fields: Any) -> Iterator[SandboxInstance]:
 
 def bash(script: str) -> RunCommandRequest:
     return RunCommandRequest(command="/bin/bash", arguments=["-c", script])
+
+
+def start(sandbox: SandboxInstance, **fields: Any) -> ManagedProcess:
+    """A managed process started through the SDK (``ManagedProcessCreateRequest`` fields)."""
+    return sandbox.processes.create(ManagedProcessCreateRequest(**fields))
 
 
 def open_gate(sandbox: SandboxInstance) -> None:
@@ -175,10 +181,8 @@ async def test_egress_and_auto_pause_settings(sdk: Client) -> None:
             assert sandbox.set_auto_pause(None).data.auto_pause_after_seconds is None
             # A restrictive list gives the sandbox its own loopback: a server there is reached
             # by the SDK's wait_for_port (an exec probing /dev/tcp), a closed port is not.
-            server = ManagedProcessCreateRequest(
-                command="python3", arguments=["-m", "http.server", "8765", "--bind", "127.0.0.1"]
-            )
-            sandbox.processes.create(server)
+            serve = ["-m", "http.server", "8765", "--bind", "127.0.0.1"]
+            start(sandbox, command="python3", arguments=serve)
             sandbox.wait_for_port(8765, timeout=15)
             with pytest.raises(OperationTimeout):
                 sandbox.wait_for_port(8766, timeout=0.2)
@@ -314,9 +318,7 @@ async def test_signal_wait_timeout_and_delete(sdk: Client) -> None:
     def scenario() -> None:
         with sandbox_of(sdk) as sandbox:
             processes = sandbox.processes
-            sleeper = processes.create(
-                ManagedProcessCreateRequest(command="/bin/sleep", arguments=["1000"])
-            )
+            sleeper = start(sandbox, command="/bin/sleep", arguments=["1000"])
             with pytest.raises(APIError) as still_running:
                 processes.wait(sleeper.process_id, ManagedProcessWaitOptions(wait_timeout=0.05))
             assert still_running.value.status_code == 408
@@ -325,11 +327,8 @@ async def test_signal_wait_timeout_and_delete(sdk: Client) -> None:
             assert ended.signal == "SIGTERM" and ended.exit_code is None
             assert collect(sandbox, sleeper.process_id)["exit"] == (None, "SIGTERM")
             # The example's part 4: a tree ignoring SIGTERM is killed after the grace.
-            stubborn = processes.create(
-                ManagedProcessCreateRequest(
-                    command="/bin/sh", arguments=["-c", "trap '' TERM; sleep 300 & wait"]
-                )
-            )
+            deaf = "trap '' TERM; sleep 300 & wait"
+            stubborn = start(sandbox, command="/bin/sh", arguments=["-c", deaf])
             gone = processes.delete(
                 stubborn.process_id, ManagedProcessDeleteOptions(grace_period=0.1)
             )
@@ -346,12 +345,8 @@ async def test_pty_process_resize_and_foreground(sdk: Client) -> None:
     # SDK decodes as {pid, cmd, args}.
     def scenario() -> None:
         with sandbox_of(sdk) as sandbox:
+            shell = start(sandbox, working_directory="/root", pty=PTYSize(rows=24, cols=80))
             processes = sandbox.processes
-            shell = processes.create(
-                ManagedProcessCreateRequest(
-                    working_directory="/root", pty=PTYSize(rows=24, cols=80)
-                )
-            )
             pid = shell.process_id
             assert str(shell.kind) == "pty"
             processes.input(pid, "stty size; exec sleep 1000\n")
