@@ -100,25 +100,32 @@ def _key_file(path: Path, flag: str) -> str:
 
 
 def options_from(argv: Sequence[str]) -> Options:
-    """Parsed and checked options, or :class:`_Refused` (nothing sent yet)."""
+    """Parsed and checked options, or :class:`_Refused` naming every problem (nothing sent)."""
     args = _parser().parse_args(list(argv))
+    problems: list[str] = []
+    origin = key = ""
+    second = None
     try:
         origin = normalize_api_url(args.api_url)
     except ConfigError as exc:
-        raise _Refused("--api-url: " + str(exc).replace("apiUrl is", "the URL is", 1)) from None
-    if args.api_key_file is not None:
-        key = _key_file(args.api_key_file, "--api-key-file")
-    elif os.environ.get(KEY_ENV, "").strip():
-        key = _key(os.environ[KEY_ENV], KEY_ENV)
-    else:
-        raise _Refused(f"no API key: pass --api-key-file FILE or set {KEY_ENV}")
-    second = None
-    if args.second_api_key_file is not None:
-        second = _key_file(args.second_api_key_file, "--second-api-key-file")
-        if second == key:
-            raise _Refused("--second-api-key-file holds the same key: give another account's")
+        problems.append("--api-url: " + str(exc).replace("apiUrl is", "the URL is", 1))
+    try:
+        if args.api_key_file is not None:
+            key = _key_file(args.api_key_file, "--api-key-file")
+        elif os.environ.get(KEY_ENV, "").strip():
+            key = _key(os.environ[KEY_ENV], KEY_ENV)
+        else:
+            raise _Refused(f"no API key: pass --api-key-file FILE or set {KEY_ENV}")
+        if args.second_api_key_file is not None:
+            second = _key_file(args.second_api_key_file, "--second-api-key-file")
+            if second == key:
+                raise _Refused("--second-api-key-file holds the same key: give another account's")
+    except _Refused as exc:
+        problems.append(str(exc))
     if args.auto_pause_seconds < 1 or args.stream_seconds <= 0 or args.deadline <= 0:
-        raise _Refused("--auto-pause-seconds, --stream-seconds and --deadline must be positive")
+        problems.append("--auto-pause-seconds, --stream-seconds and --deadline must be positive")
+    if problems:
+        raise _Refused("\n".join(problems))
     return Options(
         origin=origin,
         api_key=key,
@@ -188,7 +195,8 @@ def main(argv: Sequence[str]) -> int:
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     except _Refused as exc:
-        sys.stderr.write(f"{PROG}: refused: {exc}\nusage: {PROG} --api-url URL [options]\n")
+        text = str(exc).replace("\n", f"\n{PROG}: refused: ")
+        sys.stderr.write(f"{PROG}: refused: {text}\nusage: {PROG} --api-url URL [options]\n")
         return EXIT_USAGE
     result = RunResult()
     try:

@@ -32,7 +32,7 @@ from provider.doctor import checks_sandbox as sandbox_checks
 from provider.doctor import checks_streams as stream_checks
 from provider.doctor.checks_streams import Target
 from provider.doctor.report import Finding, complete, violated
-from provider.doctor.wire import Wire
+from provider.doctor.wire import Wire, never_sent
 
 CLEANUP_S: Final = 60.0
 SETUP_S: Final = 180.0
@@ -223,8 +223,8 @@ async def _create(options: Options, wire: Wire, result: RunResult, say: Say) -> 
     except TimeoutError:
         raise SetupFailed(f"the sandbox was not running within {SETUP_S:g} s") from None
     except CreateOSError as exc:
-        if isinstance(exc, APIStatusError) and exc.rejected:
-            result.pending_name = None  # a refused create made nothing
+        if (isinstance(exc, APIStatusError) and exc.rejected) or never_sent(exc):
+            result.pending_name = None  # a refused or never sent create made nothing
         raise SetupFailed(f"could not create the sandbox: {exc}") from exc
     if view.status != "running":
         raise SetupFailed(f"the new sandbox went {view.status} instead of running")

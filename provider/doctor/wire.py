@@ -159,6 +159,12 @@ async def _timed_lines(
         yield last
 
 
+def never_sent(exc: BaseException) -> bool:
+    """True when ``exc`` (an error of the client or of :class:`Wire`) failed while connecting:
+    the request never reached the server, so even a create made nothing."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+
+
 def _transport_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
     kind = type(exc).__name__
     if isinstance(exc, httpx.TimeoutException):
