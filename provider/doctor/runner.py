@@ -65,7 +65,8 @@ class RunResult:
     pending_name: str | None = None
 
     def findings(self) -> list[Finding]:
-        return complete(self.found, self.stopped or self.setup_error or "not reached")
+        reason = self.stopped or ("no sandbox to check" if self.setup_error else "not reached")
+        return complete(self.found, reason)
 
 
 class SetupFailed(Exception):
