@@ -143,19 +143,25 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-async def _watch_signals(scope: CancelScope, result: RunResult) -> None:
+async def _watch_signals(work: CancelScope, result: RunResult) -> None:
+    """The first SIGINT or SIGTERM stops the checks; later ones are refused until the cleanup
+    (bounded) is done, so a second Ctrl-C cannot abandon a sandbox."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            result.stopped = f"interrupted ({signal.Signals(signum).name})"
-            _say(f"{result.stopped}: cleaning up")
-            scope.cancel()
-            return
+            if result.stopped is None or not result.stopped.startswith("interrupted"):
+                result.stopped = f"interrupted ({signal.Signals(signum).name})"
+                _say(f"{result.stopped}: deleting what was created")
+                work.cancel()
+            else:
+                _say("still deleting what was created (bounded); please wait")
 
 
 async def _run(options: Options, result: RunResult) -> None:
     async with anyio.create_task_group() as group:
-        group.start_soon(_watch_signals, group.cancel_scope, result)
-        await run(options, result, say=_say)
+        work = CancelScope()
+        group.start_soon(_watch_signals, work, result)
+        with work:
+            await run(options, result, say=_say)
         group.cancel_scope.cancel()
 
 

@@ -41,17 +41,19 @@ class FakeCreateOS:
     """Knobs: ``foreign_status`` (second key's GET), ``idle_pauses``, ``fail`` (a
     ``(method, path regex)`` -> status map answered instead), ``drop_create_answer`` (the
     create happens but answers 500), ``limit_once`` (the first list answers 429 with this
-    ``Retry-After``, ``""`` for none)."""
+    ``Retry-After``, ``""`` for none), ``delete_delay`` (seconds a sandbox delete takes)."""
 
     foreign_status: int = 404
     idle_pauses: bool = True
     fail: dict[tuple[str, str], int] = field(default_factory=dict)
     drop_create_answer: bool = False
     limit_once: str | None = None
+    delete_delay: float = 0.0
     boxes: dict[str, Box] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     log: list[tuple[str, str, int]] = field(default_factory=list)
     armed: threading.Event = field(default_factory=threading.Event)
+    deleting: threading.Event = field(default_factory=threading.Event)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -111,6 +113,8 @@ class FakeCreateOS:
         method = request.method
         if rest is None:
             if method == "DELETE":
+                self.deleting.set()
+                time.sleep(self.delete_delay)
                 box.status = "destroyed"
             elif method == "PATCH":
                 box.window = json.loads(request.get_data())["auto_pause_after_seconds"]

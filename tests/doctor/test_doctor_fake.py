@@ -108,10 +108,11 @@ def test_checks_that_raise_become_violations_and_the_sandbox_is_still_deleted(
     assert "sandboxes created: 1, deleted: 1" in ran.stdout
 
 
-def test_ctrl_c_deletes_the_sandbox_and_exits_130(
+def test_ctrl_c_deletes_the_sandbox_and_a_second_one_does_not_stop_that(
     fake: tuple[FakeCreateOS, str], tmp_path: Path
 ) -> None:
     api, origin = fake
+    api.delete_delay = 1.0
     process = subprocess.Popen(
         doctor_argv(*args(origin, tmp_path)),
         cwd=REPO_ROOT,
@@ -123,6 +124,8 @@ def test_ctrl_c_deletes_the_sandbox_and_exits_130(
     try:
         assert api.armed.wait(RUN_TIMEOUT_S), "the doctor never reached the idle check"
         process.send_signal(signal.SIGINT)
+        assert api.deleting.wait(RUN_TIMEOUT_S), "the doctor never deleted its sandbox"
+        process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if process.poll() is None:
@@ -131,6 +134,7 @@ def test_ctrl_c_deletes_the_sandbox_and_exits_130(
 
     assert ran.code == 130, ran
     assert "interrupted (SIGINT)" in ran.row(ASSUMPTIONS["paused_sandbox"])
+    assert "still deleting what was created" in ran.stderr
     assert api.count("DELETE", SANDBOX) == 1
     assert "sandboxes created: 1, deleted: 1" in ran.stdout
 
