@@ -12,17 +12,18 @@ could not be confirmed: the summary names it); 130 interrupted (after the cleanu
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Final
 
 import anyio
 from anyio import CancelScope
 
+from provider.cli_args import Refused as _Refused
+from provider.cli_args import RefusingParser as _Parser
 from provider.config import DEFAULT_API_URL, normalize_api_url
 from provider.doctor.report import render
 from provider.doctor.runner import Options, RunResult, run
@@ -36,15 +37,6 @@ EXIT_LEFT_BEHIND: Final = 4
 EXIT_INTERRUPTED: Final = 130
 PROG: Final = "python -m provider doctor"
 KEY_ENV: Final = "CREATEOS_API_KEY"
-
-
-class _Refused(Exception):
-    """A usage error; the message names the fix, never a key."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Refused(message)
 
 
 def _parser() -> _Parser:

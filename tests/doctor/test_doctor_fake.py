@@ -40,6 +40,11 @@ def assert_no_key(ran: Ran) -> None:
         assert key not in ran.stdout + ran.stderr
 
 
+def assert_deleted_once(api: FakeCreateOS, ran: Ran) -> None:
+    assert api.count("DELETE", SANDBOX) == 1
+    assert "sandboxes created: 1, deleted: 1" in ran.stdout
+
+
 def outcomes(ran: Ran) -> dict[str, str]:
     """Assumption text -> outcome, for every row of the table."""
     found = {}
@@ -63,8 +68,7 @@ def test_a_403_for_another_keys_sandbox_fails_the_run_and_names_it(
     assert found.pop("retry_after") == "skipped"
     assert set(found.values()) == {"ok"}, ran.stdout
     assert api.count("POST", "/v1/sandboxes") == 1
-    assert api.count("DELETE", SANDBOX) == 1
-    assert "sandboxes created: 1, deleted: 1" in ran.stdout
+    assert_deleted_once(api, ran)
     assert_no_key(ran)
 
 
@@ -104,8 +108,7 @@ def test_checks_that_raise_become_violations_and_the_sandbox_is_still_deleted(
         row = ran.row(ASSUMPTIONS[key])
         assert row.startswith("violated") and "HTTP 50" in row, row
     assert ran.row(ASSUMPTIONS["put_creates_parents"]).startswith("ok")
-    assert api.count("DELETE", SANDBOX) == 1
-    assert "sandboxes created: 1, deleted: 1" in ran.stdout
+    assert_deleted_once(api, ran)
 
 
 def test_ctrl_c_deletes_the_sandbox_and_a_second_one_does_not_stop_that(
@@ -135,8 +138,7 @@ def test_ctrl_c_deletes_the_sandbox_and_a_second_one_does_not_stop_that(
     assert ran.code == 130, ran
     assert "interrupted (SIGINT)" in ran.row(ASSUMPTIONS["paused_sandbox"])
     assert "still deleting what was created" in ran.stderr
-    assert api.count("DELETE", SANDBOX) == 1
-    assert "sandboxes created: 1, deleted: 1" in ran.stdout
+    assert_deleted_once(api, ran)
 
 
 def test_an_unconfirmed_delete_is_named_and_exits_4(
@@ -163,9 +165,8 @@ def test_a_create_whose_answer_is_lost_is_found_by_name_and_deleted(
 
     assert ran.code == 3, ran
     assert "not checked: could not create the sandbox" in ran.stdout
-    assert api.count("DELETE", SANDBOX) == 1
     assert api.boxes["sb_fake1"].status == "destroyed"
-    assert "sandboxes created: 1, deleted: 1" in ran.stdout
+    assert_deleted_once(api, ran)
 
 
 def test_an_unreachable_endpoint_exits_3_and_leaves_nothing(tmp_path: Path) -> None:
