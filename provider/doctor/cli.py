@@ -48,29 +48,42 @@ def _parser() -> _Parser:
             f"the end in every case. The key comes from --api-key-file or {KEY_ENV}."
         ),
     )
-    parser.add_argument("--api-url", required=True, help=f"the API origin, e.g. {DEFAULT_API_URL}")
     parser.add_argument(
-        "--api-key-file", type=Path, help=f"a file holding the key (else {KEY_ENV})"
+        "--api-url", required=True, metavar="URL", help=f"the API origin, e.g. {DEFAULT_API_URL}"
     )
     parser.add_argument(
-        "--second-api-key-file", type=Path, help="another account's key: checks 404 vs 403"
+        "--api-key-file", type=Path, metavar="FILE", help=f"a file holding the key (else {KEY_ENV})"
     )
-    parser.add_argument("--shape", default="s-1vcpu-1gb", help="sandbox shape (s-1vcpu-1gb)")
+    parser.add_argument(
+        "--second-api-key-file",
+        type=Path,
+        metavar="FILE",
+        help="another account's key: checks 404 vs 403",
+    )
+    parser.add_argument(
+        "--shape", default="s-1vcpu-1gb", metavar="SHAPE", help="sandbox shape (s-1vcpu-1gb)"
+    )
     parser.add_argument("--rootfs", default=None, help="sandbox image (the provider's default)")
     parser.add_argument(
         "--auto-pause-seconds",
         type=int,
         default=60,
+        metavar="N",
         help="idle window checked (60, CreateOS's minimum; an emulator may allow less)",
     )
     parser.add_argument(
         "--stream-seconds",
         type=float,
         default=35.0,
+        metavar="S",
         help="how long each silent command runs for the heartbeat checks (35)",
     )
     parser.add_argument(
-        "--deadline", type=float, default=900.0, help="overall seconds before cleanup (900)"
+        "--deadline",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="overall seconds before cleanup (900)",
     )
     return parser
 
