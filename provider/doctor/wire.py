@@ -25,8 +25,8 @@ from provider.createos.errors import APIConnectionError, APITimeout, status_erro
 from provider.createos.pacer import pacer_for
 from provider.doctor.report import HEARTBEAT_LIMIT_S
 
-STREAM_READ_S: Final = HEARTBEAT_LIMIT_S + 5.0
-"""A stream silent this long is reported as such (the read times out)."""
+STREAM_READ_S: Final = HEARTBEAT_LIMIT_S + 10.0
+"""The default longest silence of a stream before its read times out."""
 
 Framing = Literal["ndjson", "sse", "comment", "other"]
 
@@ -114,12 +114,13 @@ class Wire:
         operation: str,
         json_body: Any = None,
         params: Mapping[str, str | int] | None = None,
+        read_s: float = STREAM_READ_S,
     ) -> AsyncIterator[AsyncIterator[Line]]:
         """A streamed request (paced like the client's, never retried), read as timed lines.
-        A non-2xx answer raises the client's status error; a silence of
-        :data:`STREAM_READ_S` raises :class:`~provider.createos.errors.APITimeout`."""
+        A non-2xx answer raises the client's status error; a silence of ``read_s`` seconds
+        raises :class:`~provider.createos.errors.APITimeout`."""
         await pacer_for(self.origin).wait_turn()
-        timeout = httpx.Timeout(connect=10.0, read=STREAM_READ_S, write=30.0, pool=10.0)
+        timeout = httpx.Timeout(connect=10.0, read=read_s, write=30.0, pool=10.0)
         request = self._http.build_request(
             method,
             path,

@@ -41,7 +41,9 @@ class FakeCreateOS:
     """Knobs: ``foreign_status`` (second key's GET), ``idle_pauses``, ``fail`` (a
     ``(method, path regex)`` -> status map answered instead), ``drop_create_answer`` (the
     create happens but answers 500), ``limit_once`` (the first list answers 429 with this
-    ``Retry-After``, ``""`` for none), ``delete_delay`` (seconds a sandbox delete takes)."""
+    ``Retry-After``, ``""`` for none), ``delete_delay`` (seconds a sandbox delete takes),
+    ``connect_heartbeats`` (off: a silent process's ``connect`` sends nothing until its exit),
+    ``sse`` (the exec stream frames lines as ``data: {...}`` and adds ``: ping`` comments)."""
 
     foreign_status: int = 404
     idle_pauses: bool = True
@@ -49,6 +51,8 @@ class FakeCreateOS:
     drop_create_answer: bool = False
     limit_once: str | None = None
     delete_delay: float = 0.0
+    connect_heartbeats: bool = True
+    sse: bool = False
     boxes: dict[str, Box] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     log: list[tuple[str, str, int]] = field(default_factory=list)
@@ -130,8 +134,8 @@ class FakeCreateOS:
         if rest == "/processes":
             return _ok({"process_id": "proc_fake1", "state": "running"})
         if rest.endswith("/connect"):
-            frames = [*_beats(0.6, {"type": "heartbeat"}), {"type": "exit", "exit_code": 0}]
-            return _stream(frames)
+            beats = _beats(0.6, {"type": "heartbeat"}) if self.connect_heartbeats else [0.6]
+            return _stream([*beats, {"type": "exit", "exit_code": 0}])
         if rest == "/files" and method == "PUT":
             self.files[request.args["path"]] = request.get_data()
             return _ok({"bytes": len(self.files[request.args["path"]])})
@@ -145,7 +149,7 @@ class FakeCreateOS:
             return _ok({"result": {"stdout": "", "stderr": "", "exit_code": 0}})
         if "child-done" in script:
             return _stream([{"stdout": "leader-done\n"}, {"exit_code": 0}])
-        return _stream([*_beats(0.6, {"hb": True}), {"exit_code": 0}])
+        return _stream([*_beats(0.6, {"hb": True}), {"exit_code": 0}], sse=self.sse)
 
 
 def _beats(seconds: float, frame: dict[str, Any]) -> list[dict[str, Any] | float]:
@@ -153,13 +157,16 @@ def _beats(seconds: float, frame: dict[str, Any]) -> list[dict[str, Any] | float
     return [item for _ in range(count) for item in (HEARTBEAT_S, frame)]
 
 
-def _stream(items: list[dict[str, Any] | float]) -> Response:
-    """NDJSON lines; a float item is a pause of that many seconds."""
+def _stream(items: list[dict[str, Any] | float], *, sse: bool = False) -> Response:
+    """NDJSON lines (with ``sse``: ``data:`` lines, each after a ``: ping`` comment and a
+    blank line); a float item is a pause of that many seconds."""
 
     def body() -> Iterator[bytes]:
         for item in items:
             if isinstance(item, float):
                 time.sleep(item)
+            elif sse:
+                yield b": ping\n\ndata: " + json.dumps(item).encode() + b"\n"
             else:
                 yield json.dumps(item).encode() + b"\n"
 

@@ -89,6 +89,24 @@ def test_without_a_second_key_that_check_is_skipped_and_a_429_seen_is_reported(
     assert_no_key(ran)
 
 
+def test_a_silent_connect_is_a_violation_and_sse_framing_is_reported(
+    fake: tuple[FakeCreateOS, str], tmp_path: Path
+) -> None:
+    api, origin = fake
+    api.connect_heartbeats = False
+    api.sse = True
+
+    ran = run_doctor(args(origin, tmp_path))
+
+    assert ran.code == 1, ran
+    connect = ran.row(ASSUMPTIONS["connect_heartbeat"])
+    assert connect.startswith("violated") and "no heartbeat during a silent 0.6 s" in connect
+    exec_row = ran.row(ASSUMPTIONS["exec_heartbeat"])
+    assert exec_row.startswith("ok") and "framing seen: comment, sse" in exec_row, exec_row
+    assert ran.row(ASSUMPTIONS["exec_stream_end"]).startswith("ok")
+    assert_deleted_once(api, ran)
+
+
 def test_a_429_without_retry_after_is_a_violation() -> None:
     seen = [Seen("GET", "/v1/sandboxes", 429, None), Seen("GET", "/v1/sandboxes", 200, None)]
     assert retry_after(seen).outcome == "violated"
