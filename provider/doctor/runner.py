@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import anyio
-import httpx
 
 from provider.createos.errors import APIStatusError, CreateOSError, NotFound
 from provider.doctor import checks_sandbox as sandbox_checks
@@ -81,10 +80,9 @@ async def run(
     result: RunResult,
     *,
     say: Say = lambda _: None,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> None:
     """Run every check into ``result``; cleanup is shielded, so it also runs on a cancel."""
-    wire = Wire(options.origin, options.api_key, transport)
+    wire = Wire(options.origin, options.api_key)
     other = Wire(options.origin, options.second_api_key) if options.second_api_key else None
     try:
         with anyio.move_on_after(options.deadline_s) as scope:

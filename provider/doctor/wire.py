@@ -89,11 +89,9 @@ def parse_line(raw: bytes, at: float) -> Line | None:
 class Wire:
     """One origin and key: the recorded connection pool, the client on it, raw streams."""
 
-    def __init__(
-        self, origin: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, origin: str, api_key: str) -> None:
         self.origin = origin
-        self._recorder = RecordingTransport(transport or httpx.AsyncHTTPTransport())
+        self._recorder = RecordingTransport(httpx.AsyncHTTPTransport())
         self._http = new_http_client(origin, api_key, self._recorder)
         self.client = CreateOSClient(origin, api_key, http=self._http)
 
