@@ -183,10 +183,15 @@ def exit_code(result: RunResult) -> int:
     return EXIT_OK
 
 
-def summary(result: RunResult) -> str:
+def summary(options: Options, result: RunResult) -> str:
     findings = result.findings()
     counts = {o: sum(1 for f in findings if f.outcome == o) for o in ("ok", "violated", "skipped")}
-    lines = [", ".join(f"{n} {o}" for o, n in counts.items()) + f"; {result.requests} requests"]
+    lines = [
+        ", ".join(f"{n} {o}" for o, n in counts.items()) + f"; {result.requests} requests",
+        f"endpoint {options.origin}, shape {options.shape}, rootfs "
+        f"{options.rootfs or '(default)'}, idle window {options.auto_pause_seconds} s, "
+        f"silent commands {options.stream_seconds:g} s",
+    ]
     if result.setup_error:
         lines.append(f"not checked: {result.setup_error}")
     if result.stopped:
@@ -215,6 +220,6 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:  # before the signal watcher took over: nothing was created
         result.stopped = "interrupted (SIGINT)"
     secrets = [s for s in (options.api_key, options.second_api_key) if s]
-    sys.stdout.write(render(result.findings(), secrets) + "\n" + summary(result))
+    sys.stdout.write(render(result.findings(), secrets) + "\n" + summary(options, result))
     sys.stdout.flush()
     return exit_code(result)
