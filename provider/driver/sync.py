@@ -236,8 +236,9 @@ class SyncSession:
                 what=f"Downloading {mapping.sandbox_path}",
             )
             if mapping.kind == "directory":
+                staging = workdir  # the staged tree goes next to the target (same filesystem)
                 files = await anyio.to_thread.run_sync(
-                    lambda: extract_archive(data, target, mode=mapping.mode)
+                    lambda: extract_archive(data, target, mode=mapping.mode, workdir=staging)
                 )
                 if mapping.mode is not None:  # new directories get the mapping's mode (5.6)
                     for directory in parents:
