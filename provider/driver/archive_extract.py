@@ -27,13 +27,12 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 from typing import TypeVar
 
 from provider.driver.archive_check import COPY_BUFFER, ValidatedArchive, open_validated
 from provider.driver.archive_install import install_tree
-from provider.driver.sync_files import make_dirs
+from provider.driver.sync_files import make_dirs, remove_new_dirs
 from provider.errors import TransferError
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -84,9 +83,7 @@ def extract_archive(
                 for directory in created:
                     directory.chmod(mode)
         except BaseException:
-            for directory in reversed(created):  # leave no empty parents behind
-                with suppress(OSError):
-                    directory.rmdir()
+            remove_new_dirs(created)  # leave no empty parents behind
             raise
         finally:
             if own and workdir is not None:
