@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import stat
 import subprocess
@@ -19,34 +18,9 @@ from provider.driver.archive import (
     validate_archive,
 )
 from provider.errors import TransferError
+from tests.driver.archive_helpers import entry, write_tar
 
 GIB = 1024**3
-Member = tuple[tarfile.TarInfo, bytes | None]
-
-
-def entry(
-    name: str,
-    kind: bytes = tarfile.REGTYPE,
-    *,
-    data: bytes = b"",
-    linkname: str = "",
-    mode: int = 0o644,
-) -> Member:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.mode = mode
-    info.linkname = linkname
-    if kind in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE):
-        info.size = len(data)
-        return info, data
-    return info, None
-
-
-def write_tar(path: Path, items: list[Member], fmt: int = tarfile.PAX_FORMAT) -> Path:
-    with tarfile.open(path, "w", format=fmt) as tf:
-        for info, data in items:
-            tf.addfile(info, io.BytesIO(data) if data is not None else None)
-    return path
 
 
 def refused(path: Path, **kwargs: int) -> str:
