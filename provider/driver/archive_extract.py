@@ -71,23 +71,22 @@ def extract_archive(
             raise TransferError(f"the sync target {target_dir} exists and is not a directory")
         created = _host_step("Creating", target_dir, lambda: make_dirs(target_dir.parent))
         own = workdir is None
+        installed = False
         try:
             if workdir is None:
-                workdir = Path(
-                    tempfile.mkdtemp(prefix=".paperclip-createos-", dir=target_dir.parent)
-                )
+                workdir = Path(tempfile.mkdtemp(prefix=_PREFIX, dir=target_dir.parent))
             staged = workdir / "tree"
             _host_step("Extracting", target_dir, lambda: _stage(checked, staged, target_dir))
             install_tree(staged, target_dir, workdir / "replaced", mode=mode)
+            installed = True
             if mode is not None:
                 for directory in created:
                     directory.chmod(mode)
-        except BaseException:
-            remove_new_dirs(created)  # leave no empty parents behind
-            raise
         finally:
             if own and workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+            if not installed:
+                remove_new_dirs(created)  # leave no empty parents behind
         return checked.regular
 
 
