@@ -322,11 +322,13 @@ async def test_probe_reports_failure_and_still_deletes(harness: Harness) -> None
     result = await harness.methods.probe(harness.call())
     assert result["ok"] is False and "400" in result["summary"]
     assert await live_sandboxes(harness) == []
+    assert harness.logs == [("warn", f"environmentProbe: {result['summary']}")]
 
 
 async def test_probe_with_bad_config_answers_not_ok(harness: Harness) -> None:
     result = await harness.methods.probe(harness.call(shape=""))
     assert result["ok"] is False and "shape" in result["summary"]
+    assert harness.logs == [("warn", f"environmentProbe: {result['summary']}")]
 
 
 async def test_probe_fails_loudly_when_its_sandbox_cannot_be_deleted(harness: Harness) -> None:

@@ -183,6 +183,16 @@ async def test_exceptions_map_to_json_rpc_errors_in_one_place(
     stderr = capsys.readouterr().err
     assert "RuntimeError" in stderr  # the traceback goes to stderr ...
     assert "k-999" not in stderr  # ... but params never do
+    # Each failure is logged once, with the reply's public text: warn for a caller's mistake.
+    assert [n["params"] for n in host.notifications if n["method"] == "log"] == [
+        {
+            "level": "warn",
+            "message": "environmentAcquireLease: lease.providerLeaseId must be a string",
+        },
+        {"level": "warn", "message": "environmentValidateConfig: shape is required: set it"},
+        {"level": "error", "message": "environmentSyncIn: sandbox is closing"},
+        {"level": "error", "message": f"environmentExecute: {crashed['error']['message']}"},
+    ]
 
 
 async def test_unencodable_result_becomes_an_error_reply() -> None:
