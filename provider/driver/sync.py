@@ -39,8 +39,8 @@ from typing import Any, Final
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.driver import sync_files, sync_parts, sync_steps
-from provider.driver.archive import build_directory_archive, extract_archive
+from provider.driver import archive, sync_files, sync_parts, sync_steps
+from provider.driver.archive import ArchiveStats, build_directory_archive, extract_archive
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import ROOT
@@ -110,15 +110,19 @@ class SyncSession:
         scratches: list[Scratch] = []
         steps: list[sync_steps.Step] = []
         files = transferred = 0
+        skipped = 0
+        skipped_paths: list[str] = []
         placed = False
         try:
             for mapping in op.mappings:
                 scratch = Scratch(_new_scratch())
                 scratches.append(scratch)
                 with sync_files.host_errors(f"Reading {mapping.host_path}"):
-                    count, size, text = await self._upload(mapping, scratch)
+                    count, size, text, left_out = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
                 files, transferred = files + count, transferred + size
+                skipped += left_out.skipped
+                skipped_paths += [str(mapping.host_path / n) for n in left_out.skipped_names]
             for command in op.post_upload:
                 budget = command.timeout if command.timeout is not None else math.inf
                 remaining = anyio.current_effective_deadline() - anyio.current_time()
@@ -132,7 +136,11 @@ class SyncSession:
             if not placed:
                 for scratch in scratches:
                     await self._remove_scratch(scratch)
-        return _result(op, files, transferred)
+        result = _result(op, files, transferred)
+        if skipped:  # sockets, FIFOs and devices left out: their count and the first few
+            result["skippedSpecialFiles"] = skipped
+            result["skippedPaths"] = skipped_paths[: archive.SKIPPED_NAMES]
+        return result
 
     async def sync_out(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
         results = []
@@ -147,10 +155,13 @@ class SyncSession:
 
     # -- inbound -----------------------------------------------------------------------------
 
-    async def _upload(self, mapping: FileMapping, scratch: Scratch) -> tuple[int, int, str]:
+    async def _upload(
+        self, mapping: FileMapping, scratch: Scratch
+    ) -> tuple[int, int, str, ArchiveStats]:
         """PUT one mapping to ``scratch`` (as parts when it is larger than a part: then
         ``scratch.parts`` is set before the first PUT, so cleanup knows); answers (files,
-        bytes, the placement text)."""
+        bytes, the placement text, the archive's stats for the special files it left out)."""
+        stats = ArchiveStats(files=1, bytes=0)
         workdir = await self._new_workdir(None)
         try:
             if mapping.kind == "directory":
@@ -164,9 +175,12 @@ class SyncSession:
                     )
                 )
                 files = stats.files
+                info = await anyio.to_thread.run_sync(os.stat, data)
+                if stats.skipped:
+                    await self._warn_skipped(mapping, stats)
             else:
                 data, files = mapping.host_path, 1
-            info = await anyio.to_thread.run_sync(os.stat, data)  # one stat: size and mode
+                info = await anyio.to_thread.run_sync(sync_files.check_source_file, data)
             size = info.st_size
             if mapping.mode is not None:
                 mode = mapping.mode
@@ -193,7 +207,19 @@ class SyncSession:
         finally:
             await self._drop_workdir(workdir)
         text = sync_parts.placement_text(scratch, mapping.kind, mapping.sandbox_path, mode)
-        return files, size, text
+        return files, size, text, stats
+
+    async def _warn_skipped(self, mapping: FileMapping, stats: ArchiveStats) -> None:
+        """One warn log line for the sockets, FIFOs and devices a directory upload left out."""
+        if self.log is not None:
+            names = stats.skipped_names
+            listed = ", ".join(names) + (", ..." if stats.skipped > len(names) else "")
+            await self.log(
+                "warn",
+                f"Sync in of {mapping.host_path}: {stats.skipped} special file(s) (FIFO, "
+                f"socket or device) left out, not transferred: {listed}",
+                None,
+            )
 
     # -- outbound ----------------------------------------------------------------------------
 
@@ -222,7 +248,7 @@ class SyncSession:
             what = f"Packing {mapping.sandbox_path}"
             packed = await self._control(script, what)
             try:
-                parts = sync_parts.parse_part_count(packed["stdout"])
+                sizes = sync_parts.parse_part_sizes(packed["stdout"])
             except ValueError as exc:
                 raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
             parents = await anyio.to_thread.run_sync(sync_files.make_dirs, target.parent)
@@ -231,7 +257,7 @@ class SyncSession:
             size = await sync_files.get_to_file(
                 self.client,
                 self.sandbox_id,
-                [sync_parts.part_path(scratch, index) for index in range(parts)],
+                [(sync_parts.part_path(scratch, index), n) for index, n in enumerate(sizes)],
                 data,
                 file_mode,
                 log=self.log,
