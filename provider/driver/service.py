@@ -40,7 +40,7 @@ from provider.driver.params import (
     decode_params,
 )
 from provider.driver.probe import probe
-from provider.driver.process_records import JournaledProcesses
+from provider.driver.process_records import JournaledProcesses, JournaledScratches
 from provider.driver.reaper import Reaper
 from provider.driver.recovery import claim_lease
 from provider.driver.registry import LeaseRef
@@ -283,6 +283,7 @@ class DriverService:
                 log=self.log,
                 journal=self.runtime.journal,
                 record=JournaledProcesses(self.runtime.journal, scope),
+                scratches=JournaledScratches(self.runtime.journal, scope),
             )
             async with self._poison_on_unconfirmed(scope):
                 with deadline(call.timeout, "The file sync"):

@@ -43,6 +43,7 @@ from provider.driver import archive, sync_files, sync_parts, sync_steps
 from provider.driver.archive import ArchiveStats, build_directory_archive, extract_archive
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
+from provider.driver.process_records import JournaledScratches
 from provider.driver.runtime import ROOT
 from provider.driver.sync_files import LogSink
 from provider.driver.sync_parts import Scratch
@@ -66,10 +67,12 @@ class SyncSession:
         log: LogSink | None,
         journal: LeaseJournal | None = None,
         record: ProcessRecord | None = None,
+        scratches: JournaledScratches | None = None,
         part_bytes: int | None = None,
     ) -> None:
         """``journal`` records host temp folders, ``record`` the sandbox processes (control
-        and post-upload commands), so a worker crash leaves neither behind for good.
+        and post-upload commands), ``scratches`` the sandbox scratch files, so a worker crash
+        leaves none of them behind for good.
         ``part_bytes`` (default :data:`PART_BYTES`, read when the session is made) is the
         largest byte range one transfer request carries; larger archives and files travel as
         parts (module docstring)."""
@@ -83,6 +86,7 @@ class SyncSession:
         self.log = log
         self.journal = journal
         self.record = record
+        self.scratches = scratches
 
     async def _new_workdir(self, parent: Path | None) -> Path:
         """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
@@ -117,6 +121,7 @@ class SyncSession:
             for mapping in op.mappings:
                 scratch = Scratch(_new_scratch())
                 scratches.append(scratch)
+                await self._journal_scratch(scratch.path)
                 with sync_files.host_errors(f"Reading {mapping.host_path}"):
                     count, size, text, left_out = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
@@ -133,9 +138,8 @@ class SyncSession:
                 await self._run_steps(steps, scratches)
             placed = True
         finally:
-            if not placed:
-                for scratch in scratches:
-                    await self._remove_scratch(scratch)
+            for scratch in scratches:  # placed: the operation's EXIT trap removed them
+                await self._remove_scratch(scratch, done=placed)
         result = _result(op, files, transferred)
         if skipped:  # sockets, FIFOs and devices left out: their count and the first few
             result["skippedSpecialFiles"] = skipped
@@ -227,6 +231,7 @@ class SyncSession:
         """Pack in the sandbox (into parts), GET every part into one host file, then install
         it (file) or validate and extract it (directory)."""
         scratch = _new_scratch()
+        await self._journal_scratch(scratch)
         target = mapping.host_path
         if mapping.kind == "directory":
             script = sync_parts.syncout_dir_parts_command(
@@ -321,16 +326,24 @@ class SyncSession:
             record=self.record,
         )
 
-    async def _remove_scratch(self, scratch: Scratch) -> None:
+    async def _journal_scratch(self, path: str) -> None:
+        """Journal a scratch path before anything can create it, so a crash cannot leave a
+        copy of the host files in a kept sandbox for good (:mod:`provider.driver.recovery`)."""
+        if self.scratches is not None:
+            await self.scratches.added(path)
+
+    async def _remove_scratch(self, scratch: Scratch, *, done: bool = False) -> None:
         """One ``exec`` (shielded, bounded, errors swallowed): ``rm -f`` of the scratch file, or
-        of the scratch and every ``.part-*`` of it (a glob, so partial parts go too)."""
-        command, args = scratch.removal_command()
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(self.cleanup_timeout),
-            contextlib.suppress(ProviderError),
-        ):
-            await self.client.exec(self.sandbox_id, command, args)
+        of the scratch and every ``.part-*`` of it (a glob, so partial parts go too); skipped
+        when ``done`` (already removed in the sandbox). Its journal row goes once it is gone."""
+        with anyio.CancelScope(shield=True):
+            if not done:
+                command, args = scratch.removal_command()
+                with anyio.move_on_after(self.cleanup_timeout), contextlib.suppress(ProviderError):
+                    await self.client.exec(self.sandbox_id, command, args)
+                    done = True
+            if done and self.scratches is not None:
+                await self.scratches.removed(scratch.path)
 
 
 def _failure(what: str, result: dict[str, Any], stderr: str) -> str:
