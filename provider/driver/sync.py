@@ -4,6 +4,7 @@ Bytes never cross JSON-RPC and never go through process output: they are streame
 files API between host temp files and sandbox scratch files, and a guarded control command moves
 them into place inside the sandbox. See provider-behavior.md 5. This module orchestrates, per
 mapping, what to pack, send, place, fetch and clean up; the pieces are
+:mod:`provider.driver.sync_download` (one outbound mapping: pack, fetch, install),
 :mod:`provider.driver.sync_files` (the host side: temp folders, streamed ``PUT``s of byte ranges
 of a host file, ``GET``s appended to one host file, the atomic install),
 :mod:`provider.driver.sync_steps` (the one sandbox command of an inbound operation) and
@@ -32,7 +33,6 @@ import contextlib
 import math
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,11 +40,12 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.driver import archive, sync_files, sync_parts, sync_steps
-from provider.driver.archive import ArchiveStats, build_directory_archive, extract_archive
+from provider.driver.archive import ArchiveStats, build_directory_archive
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
 from provider.driver.process_records import JournaledScratches
 from provider.driver.runtime import ROOT
+from provider.driver.sync_download import download
 from provider.driver.sync_files import LogSink
 from provider.driver.sync_parts import Scratch
 from provider.driver.sync_plan import FileMapping, PlannedOperation
@@ -52,7 +53,6 @@ from provider.errors import ProviderError, TransferError
 
 PART_BYTES: Final = 256 * 1024 * 1024
 """Largest byte range one PUT or GET of a sync carries (CreateOS takes about 500 MiB a file)."""
-SCRATCH_PREFIX: Final = "/tmp/paperclip-createos-transfer-"
 
 
 class SyncSession:
@@ -88,14 +88,14 @@ class SyncSession:
         self.record = record
         self.scratches = scratches
 
-    async def _new_workdir(self, parent: Path | None) -> Path:
+    async def new_workdir(self, parent: Path | None) -> Path:
         """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
         workdir: Path = await anyio.to_thread.run_sync(sync_files.make_workdir, parent)
         if self.journal is not None:
             await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
         return workdir
 
-    async def _drop_workdir(self, workdir: Path) -> None:
+    async def drop_workdir(self, workdir: Path) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
             if self.journal is not None:
@@ -119,9 +119,9 @@ class SyncSession:
         placed = False
         try:
             for mapping in op.mappings:
-                scratch = Scratch(_new_scratch())
+                scratch = Scratch(sync_parts.new_scratch())
                 scratches.append(scratch)
-                await self._journal_scratch(scratch.path)
+                await self.journal_scratch(scratch.path)
                 with sync_files.host_errors(f"Reading {mapping.host_path}"):
                     count, size, text, left_out = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
@@ -139,7 +139,7 @@ class SyncSession:
             placed = True
         finally:
             for scratch in scratches:  # placed: the operation's EXIT trap removed them
-                await self._remove_scratch(scratch, done=placed)
+                await self.remove_scratch(scratch, done=placed)
         result = _result(op, files, transferred)
         if skipped:  # sockets, FIFOs and devices left out: their count and the first few
             result["skippedSpecialFiles"] = skipped
@@ -152,7 +152,7 @@ class SyncSession:
             files = transferred = 0
             for mapping in op.mappings:
                 with sync_files.host_errors(f"Writing {mapping.host_path}"):
-                    count, size = await self._download(mapping)
+                    count, size = await download(self, mapping)
                 files, transferred = files + count, transferred + size
             results.append(_result(op, files, transferred))
         return results
@@ -166,7 +166,7 @@ class SyncSession:
         ``scratch.parts`` is set before the first PUT, so cleanup knows); answers (files,
         bytes, the placement text, the archive's stats for the special files it left out)."""
         stats = ArchiveStats(files=1, bytes=0)
-        workdir = await self._new_workdir(None)
+        workdir = await self.new_workdir(None)
         try:
             if mapping.kind == "directory":
                 data = workdir / "data"
@@ -209,7 +209,7 @@ class SyncSession:
                 what=f"Uploading {mapping.sandbox_path}",
             )
         finally:
-            await self._drop_workdir(workdir)
+            await self.drop_workdir(workdir)
         text = sync_parts.placement_text(scratch, mapping.kind, mapping.sandbox_path, mode)
         return files, size, text, stats
 
@@ -225,73 +225,9 @@ class SyncSession:
                 None,
             )
 
-    # -- outbound ----------------------------------------------------------------------------
-
-    async def _download(self, mapping: FileMapping) -> tuple[int, int]:
-        """Pack in the sandbox (into parts), GET every part into one host file, then install
-        it (file) or validate and extract it (directory)."""
-        scratch = _new_scratch()
-        await self._journal_scratch(scratch)
-        target = mapping.host_path
-        if mapping.kind == "directory":
-            script = sync_parts.syncout_dir_parts_command(
-                mapping.sandbox_path,
-                scratch,
-                self.part_bytes,
-                exclude=mapping.exclude,
-                follow_symlinks=mapping.follow_symlinks,
-            )
-        else:
-            script = sync_parts.syncout_file_parts_command(
-                mapping.sandbox_path, scratch, self.part_bytes
-            )
-        file_mode = 0o600 if mapping.mode is None else mapping.mode
-        workdir: Path | None = None
-        parents: list[Path] = []
-        installed = False
-        try:
-            what = f"Packing {mapping.sandbox_path}"
-            packed = await self._control(script, what)
-            try:
-                sizes = sync_parts.parse_part_sizes(packed["stdout"])
-            except ValueError as exc:
-                raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
-            parents = await anyio.to_thread.run_sync(sync_files.make_dirs, target.parent)
-            workdir = await self._new_workdir(target.parent)
-            data = workdir / "data"
-            size = await sync_files.get_to_file(
-                self.client,
-                self.sandbox_id,
-                [(sync_parts.part_path(scratch, index), n) for index, n in enumerate(sizes)],
-                data,
-                file_mode,
-                log=self.log,
-                what=f"Downloading {mapping.sandbox_path}",
-            )
-            if mapping.kind == "directory":
-                staging = workdir  # the staged tree goes next to the target (same filesystem)
-                files = await anyio.to_thread.run_sync(
-                    lambda: extract_archive(data, target, mode=mapping.mode, workdir=staging)
-                )
-                if mapping.mode is not None:  # new directories get the mapping's mode (5.6)
-                    for directory in parents:
-                        await anyio.to_thread.run_sync(directory.chmod, mapping.mode)
-            else:
-                await anyio.to_thread.run_sync(sync_files.install_file, data, target, file_mode)
-                files = 1
-            installed = True
-            return files, size
-        finally:
-            if workdir is not None:
-                await self._drop_workdir(workdir)
-            if not installed and parents:  # a failed sync leaves no new empty folders
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(sync_files.remove_new_dirs, parents)
-            await self._remove_scratch(Scratch(scratch, parts=1))
-
     # -- sandbox commands --------------------------------------------------------------------
 
-    async def _control(self, script: str, what: str) -> dict[str, Any]:
+    async def control(self, script: str, what: str) -> dict[str, Any]:
         """One control command (spec 5.3); a timeout or non-zero exit fails the transfer."""
         result = await self._command(script)
         if result["timedOut"]:
@@ -326,13 +262,13 @@ class SyncSession:
             record=self.record,
         )
 
-    async def _journal_scratch(self, path: str) -> None:
+    async def journal_scratch(self, path: str) -> None:
         """Journal a scratch path before anything can create it, so a crash cannot leave a
         copy of the host files in a kept sandbox for good (:mod:`provider.driver.recovery`)."""
         if self.scratches is not None:
             await self.scratches.added(path)
 
-    async def _remove_scratch(self, scratch: Scratch, *, done: bool = False) -> None:
+    async def remove_scratch(self, scratch: Scratch, *, done: bool = False) -> None:
         """One ``exec`` (shielded, bounded, errors swallowed): ``rm -f`` of the scratch file, or
         of the scratch and every ``.part-*`` of it (a glob, so partial parts go too); skipped
         when ``done`` (already removed in the sandbox). Its journal row goes once it is gone."""
@@ -358,7 +294,3 @@ def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any
         "filesTransferred": files,
         "bytesTransferred": transferred,
     }
-
-
-def _new_scratch() -> str:
-    return f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"

@@ -31,12 +31,14 @@ the tests can run the exact texts in real bash against a temporary tree.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from provider.driver import shell
 
+SCRATCH_PREFIX = "/tmp/paperclip-createos-transfer-"
 PARTS_MARK = "__paperclip_sync_parts__"
 PART_DIGITS = 4
 MAX_PARTS = 10**PART_DIGITS
@@ -64,6 +66,11 @@ class Scratch:
         if not self.parts:
             return "/bin/rm", ["-f", "--", self.path]
         return "/bin/bash", ["-c", 'rm -f -- "$1" "$1".part-*', "rm", self.path]
+
+
+def new_scratch() -> str:
+    """A fresh sandbox scratch path of one mapping's transfer (unique: removing it is safe)."""
+    return f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"
 
 
 def part_path(scratch: str, index: int) -> str:
