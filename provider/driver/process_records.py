@@ -11,7 +11,8 @@ from provider.driver.tracker import ScopeKey
 
 
 class JournaledProcesses:
-    """Records a lease's started processes in the journal until they are known to have ended."""
+    """Records a lease's started processes in the journal until they are known to have ended,
+    and its sync scratch files (``scratch_added`` / ``scratch_removed``) until removed."""
 
     def __init__(self, journal: LeaseJournal, scope: ScopeKey) -> None:
         self.journal = journal
@@ -23,17 +24,9 @@ class JournaledProcesses:
     async def ended(self, process_id: str) -> None:
         await anyio.to_thread.run_sync(self.journal.remove_process, process_id)
 
-
-class JournaledScratches:
-    """Records a lease's sandbox scratch files in the journal until they are known removed."""
-
-    def __init__(self, journal: LeaseJournal, scope: ScopeKey) -> None:
-        self.journal = journal
-        self.scope = scope
-
-    async def added(self, path: str) -> None:
+    async def scratch_added(self, path: str) -> None:
         await anyio.to_thread.run_sync(self.journal.add_scratch, self.scope, path)
 
-    async def removed(self, path: str) -> None:
+    async def scratch_removed(self, path: str) -> None:
         with anyio.CancelScope(shield=True):  # a row left behind costs a later request
             await anyio.to_thread.run_sync(self.journal.remove_scratch, path)

@@ -40,7 +40,7 @@ from provider.driver.params import (
     decode_params,
 )
 from provider.driver.probe import probe
-from provider.driver.process_records import JournaledProcesses, JournaledScratches
+from provider.driver.process_records import JournaledProcesses
 from provider.driver.reaper import Reaper
 from provider.driver.recovery import claim_lease
 from provider.driver.registry import LeaseRef
@@ -276,14 +276,15 @@ class DriverService:
             self.runtime.client_factory(call.config, call.api_key) as client,
             self._keepalive(client, scope, p.lease.metadata),
         ):
+            records = JournaledProcesses(self.runtime.journal, scope)
             session = SyncSession(
                 client,
                 scope.lease_id,
                 cleanup_timeout=call.timeout,
                 log=self.log,
                 journal=self.runtime.journal,
-                record=JournaledProcesses(self.runtime.journal, scope),
-                scratches=JournaledScratches(self.runtime.journal, scope),
+                record=records,
+                scratches=records,
             )
             async with self._poison_on_unconfirmed(scope):
                 with deadline(call.timeout, "The file sync"):

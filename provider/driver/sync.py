@@ -43,7 +43,7 @@ from provider.driver import archive, sync_files, sync_parts, sync_steps
 from provider.driver.archive import ArchiveStats, build_directory_archive
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
-from provider.driver.process_records import JournaledScratches
+from provider.driver.process_records import JournaledProcesses
 from provider.driver.runtime import ROOT
 from provider.driver.sync_download import download
 from provider.driver.sync_files import LogSink
@@ -67,7 +67,7 @@ class SyncSession:
         log: LogSink | None,
         journal: LeaseJournal | None = None,
         record: ProcessRecord | None = None,
-        scratches: JournaledScratches | None = None,
+        scratches: JournaledProcesses | None = None,
         part_bytes: int | None = None,
     ) -> None:
         """``journal`` records host temp folders, ``record`` the sandbox processes (control
@@ -266,7 +266,7 @@ class SyncSession:
         """Journal a scratch path before anything can create it, so a crash cannot leave a
         copy of the host files in a kept sandbox for good (:mod:`provider.driver.recovery`)."""
         if self.scratches is not None:
-            await self.scratches.added(path)
+            await self.scratches.scratch_added(path)
 
     async def remove_scratch(self, scratch: Scratch, *, done: bool = False) -> None:
         """One ``exec`` (shielded, bounded, errors swallowed): ``rm -f`` of the scratch file, or
@@ -279,7 +279,7 @@ class SyncSession:
                     await self.client.exec(self.sandbox_id, command, args)
                     done = True
             if done and self.scratches is not None:
-                await self.scratches.removed(scratch.path)
+                await self.scratches.scratch_removed(scratch.path)
 
 
 def _failure(what: str, result: dict[str, Any], stderr: str) -> str:
