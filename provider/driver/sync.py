@@ -121,7 +121,6 @@ class SyncSession:
             for mapping in op.mappings:
                 scratch = Scratch(sync_parts.new_scratch())
                 scratches.append(scratch)
-                await self.journal_scratch(scratch.path)
                 with sync_files.host_errors(f"Reading {mapping.host_path}"):
                     count, size, text, left_out = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
@@ -139,7 +138,8 @@ class SyncSession:
             placed = True
         finally:
             for scratch in scratches:  # placed: the operation's EXIT trap removed them
-                await self.remove_scratch(scratch, done=placed)
+                if scratch.sent:
+                    await self.remove_scratch(scratch, done=placed)
         result = _result(op, files, transferred)
         if skipped:  # sockets, FIFOs and devices left out: their count and the first few
             result["skippedSpecialFiles"] = skipped
@@ -163,7 +163,8 @@ class SyncSession:
         self, mapping: FileMapping, scratch: Scratch
     ) -> tuple[int, int, str, ArchiveStats]:
         """PUT one mapping to ``scratch`` (as parts when it is larger than a part: then
-        ``scratch.parts`` is set before the first PUT, so cleanup knows); answers (files,
+        ``scratch.parts`` is set before the first PUT, and ``scratch.sent``, once journaled, so
+        cleanup knows; a source refused before that costs no request); answers (files,
         bytes, the placement text, the archive's stats for the special files it left out)."""
         stats = ArchiveStats(files=1, bytes=0)
         workdir = await self.new_workdir(None)
@@ -200,6 +201,8 @@ class SyncSession:
                         f"{sync_parts.MAX_PARTS} parts of {self.part_bytes} bytes."
                     )
                 scratch.parts = parts
+            await self.journal_scratch(scratch.path)
+            scratch.sent = True
             await sync_files.put_ranges(
                 self.client,
                 self.sandbox_id,

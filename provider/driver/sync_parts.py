@@ -52,6 +52,7 @@ class Scratch:
 
     path: str
     parts: int = 0
+    sent: bool = False  # a PUT to it may have started: it must be journaled and removed
 
     def removal_words(self) -> list[str]:
         """Shell words for ``rm -f --``: the scratch, and every part when split."""
