@@ -37,7 +37,7 @@ import sources
 from sources import Pins, Release, SourceError
 
 ROOT = sources.REPO_ROOT
-TOKEN_ENV = "NPM_TOKEN"
+TOKEN_ENV = "NPM_TOKEN"  # noqa: S105  (the variable's name, not a token)
 EXIT_FAILED = 1
 
 
@@ -133,7 +133,9 @@ def publish(
     npm_env = env | {"npm_config_update_notifier": "false", "npm_config_fund": "false"}
     published: list[str] = []
     with tempfile.TemporaryDirectory(prefix="paperclip-publish-") as tmp:
-        user_config = None if registry is None else write_user_config(Path(tmp), registry, token_env)
+        user_config = None
+        if registry is not None:
+            user_config = write_user_config(Path(tmp), registry, token_env)
         for index, tarball in enumerate(tarballs):
             command = npm_command(tarball.path, registry, user_config)
             done = subprocess.run(
