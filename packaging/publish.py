@@ -142,7 +142,7 @@ def publish(
                 command, env=npm_env, capture_output=True, text=True, check=False, cwd=tmp
             )
             if done.returncode != 0:
-                detail = (done.stderr.strip() or done.stdout.strip())[-2000:]
+                detail = _error_lines(done.stderr or done.stdout)
                 if token:
                     detail = detail.replace(token, "[REDACTED]")
                 left = [t.name for t in tarballs[index:]]
@@ -155,6 +155,12 @@ def publish(
             verb = "would publish" if registry is None else "published"
             print(f"{verb} {tarball.path.name}", flush=True)
     return published
+
+
+def _error_lines(output: str) -> str:
+    """npm's ``npm error`` lines (its notices list every file first), else the output's end."""
+    errors = [line for line in output.splitlines() if line.startswith(("npm error", "npm ERR!"))]
+    return "\n".join(errors)[-3000:] if errors else output.strip()[-2000:]
 
 
 def main(argv: list[str] | None = None) -> int:
