@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Literal
 
 from provider.driver.archive_check import ArchiveRefused, open_validated
-from provider.driver.sync_files import make_dirs
+from provider.driver.archive_extract import extract_archive
 from provider.errors import RequestRefused, TransferError
 
 __all__ = [
@@ -322,7 +322,7 @@ def build_directory_archive(
     return ArchiveStats(files=files, bytes=dest_file.stat().st_size, skipped=skipped)
 
 
-# --- validation and extraction -----------------------------------------------------------------
+# --- validation (extraction is provider.driver.archive_extract's) ------------------------------
 
 
 def validate_archive(archive: Path, *, max_total: int = MAX_ARCHIVE_TOTAL) -> int:
@@ -332,36 +332,4 @@ def validate_archive(archive: Path, *, max_total: int = MAX_ARCHIVE_TOTAL) -> in
     or malformed. Details of the checks are in :mod:`provider.driver.archive_check`.
     """
     with open_validated(archive, max_total=max_total) as checked:
-        return checked.regular
-
-
-def extract_archive(archive: Path, target_dir: Path, *, mode: int | None) -> int:
-    """Validate the whole archive, then extract it into ``target_dir`` (spec 5.6 step 4).
-
-    Nothing is created for a refused archive. A target that is a symlink (or not a directory) is
-    refused. Missing directories are created with ``mode`` (0o700 when None); extraction uses
-    tarfile's ``data`` filter; ``target_dir`` gets ``mode`` when one is given. Returns the
-    regular-member count.
-    """
-    if not hasattr(tarfile, "data_filter"):  # Python 3.11.4+ / 3.12+
-        raise TransferError("this Python's tarfile lacks the 'data' extraction filter")
-    with open_validated(archive) as checked:
-        if target_dir.is_symlink():
-            raise TransferError(f"the sync target {target_dir} is a symbolic link; refused")
-        if target_dir.exists() and not target_dir.is_dir():
-            raise TransferError(f"the sync target {target_dir} exists and is not a directory")
-        try:
-            created = make_dirs(target_dir)
-            checked.tar.extractall(target_dir, members=checked.members, filter="data")
-            if mode is not None:
-                for directory in dict.fromkeys([target_dir, *created]):
-                    directory.chmod(mode)
-        except tarfile.FilterError as exc:
-            raise TransferError(
-                f"extracting into {target_dir} stopped: an entry would land outside it "
-                "or through a link leaving it"
-            ) from exc
-        except Exception as exc:  # OSError, TarError, and tarfile's own odd failures
-            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else "tar error"
-            raise TransferError(f"extracting into {target_dir} failed: {detail}") from exc
         return checked.regular

@@ -17,8 +17,9 @@ Rules, any failure refusing the whole archive with one generic message:
   root; a hard link names an earlier regular member, from the root and without ``..`` (stricter
   than "stays inside": GNU tar never writes anything else).
 
-Extraction then runs with tarfile's ``data`` filter as a second line of defence (it also guards
-against links that already exist in the target directory).
+Extraction (:mod:`provider.driver.archive_extract`) then creates the checked members itself,
+with the ``data`` filter's mode rules, never through a link, and guards against links that
+already exist in the target directory.
 """
 
 from __future__ import annotations

@@ -216,6 +216,8 @@ class SyncSession:
             )
         file_mode = 0o600 if mapping.mode is None else mapping.mode
         workdir: Path | None = None
+        parents: list[Path] = []
+        installed = False
         try:
             what = f"Packing {mapping.sandbox_path}"
             packed = await self._control(script, what)
@@ -236,8 +238,9 @@ class SyncSession:
                 what=f"Downloading {mapping.sandbox_path}",
             )
             if mapping.kind == "directory":
+                staging = workdir  # the staged tree goes next to the target (same filesystem)
                 files = await anyio.to_thread.run_sync(
-                    lambda: extract_archive(data, target, mode=mapping.mode)
+                    lambda: extract_archive(data, target, mode=mapping.mode, workdir=staging)
                 )
                 if mapping.mode is not None:  # new directories get the mapping's mode (5.6)
                     for directory in parents:
@@ -245,10 +248,14 @@ class SyncSession:
             else:
                 await anyio.to_thread.run_sync(sync_files.install_file, data, target, file_mode)
                 files = 1
+            installed = True
             return files, size
         finally:
             if workdir is not None:
                 await self._drop_workdir(workdir)
+            if not installed and parents:  # a failed sync leaves no new empty folders
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(sync_files.remove_new_dirs, parents)
             await self._remove_scratch(Scratch(scratch, parts=1))
 
     # -- sandbox commands --------------------------------------------------------------------

@@ -170,6 +170,14 @@ def make_dirs(directory: Path) -> list[Path]:
     return created
 
 
+def remove_new_dirs(created: list[Path]) -> None:
+    """Undo :func:`make_dirs` after a failure: remove the directories it created, innermost
+    first, each only if it is empty (errors ignored: what holds something stays)."""
+    for directory in reversed(created):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
 @contextlib.contextmanager
 def host_errors(what: str) -> Iterator[None]:
     """A host file error (a parent that is a file, a source gone, a full disk) becomes a

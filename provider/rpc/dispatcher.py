@@ -24,11 +24,11 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
-from provider.errors import ProviderError
+from provider.errors import RequestRefused
 from provider.replies import AfterReply
 from provider.rpc import wire
 from provider.rpc.calllog import CallLog
-from provider.rpc.errors import error_for_exception, stderr_line
+from provider.rpc.errors import error_for_exception, failure_log_level, stderr_line
 from provider.rpc.handshake import supported_methods
 from provider.rpc.outbound import WRITE_FAILURES, Outbound, invocation_id
 from provider.rpc.stdio import LineReader
@@ -160,8 +160,9 @@ class Dispatcher(Outbound):
         try:
             response: dict[str, Any] | None = None
             written: Callable[[bool], None] | None = None
+            failure: tuple[str, str] | None = None
             with scope:
-                response, written = await self._respond(request)
+                response, written, failure = await self._respond(request)
             if response is None:  # our own scope was cancelled: the worker is shutting down
                 response = wire.error_message(
                     request.id,
@@ -171,6 +172,8 @@ class Dispatcher(Outbound):
             reply_scope = self._reply_scope()
             try:
                 with reply_scope:
+                    if failure is not None:  # every failed request, once, at its level
+                        await self.log(*failure)
                     delivered = False
                     try:
                         delivered = await self._send_reply(response)
@@ -190,38 +193,56 @@ class Dispatcher(Outbound):
 
     async def _respond(
         self, request: wire.Request
-    ) -> tuple[dict[str, Any], Callable[[bool], None] | None]:
-        """The response, and what to call once it is written (see :class:`AfterReply`)."""
+    ) -> tuple[dict[str, Any], Callable[[bool], None] | None, tuple[str, str] | None]:
+        """The response, what to call once it is written (see :class:`AfterReply`), and the
+        (level, message) to log first when a handler failed: public text, never params."""
         method = request.method
         handler = self._handler_for(method)
         if handler is None:
             if method in SDK_OPTIONAL_METHODS:
-                return wire.error_message(
-                    request.id,
-                    wire.METHOD_NOT_IMPLEMENTED,
-                    f"{method} is not implemented by this plugin",
-                ), None
-            return wire.error_message(
-                request.id, wire.METHOD_NOT_FOUND, f"Method not found: {method}"
-            ), None
+                return (
+                    wire.error_message(
+                        request.id,
+                        wire.METHOD_NOT_IMPLEMENTED,
+                        f"{method} is not implemented by this plugin",
+                    ),
+                    None,
+                    None,
+                )
+            return (
+                wire.error_message(
+                    request.id, wire.METHOD_NOT_FOUND, f"Method not found: {method}"
+                ),
+                None,
+                None,
+            )
         if not request.has_params or not isinstance(request.params, dict):
-            return wire.error_message(
-                request.id, wire.INVALID_PARAMS, f"Invalid params: {method} expects an object"
-            ), None
+            return (
+                wire.error_message(
+                    request.id, wire.INVALID_PARAMS, f"Invalid params: {method} expects an object"
+                ),
+                None,
+                None,
+            )
         if not self._initialized and method != "initialize":
-            return wire.error_message(
-                request.id,
-                wire.WORKER_ERROR,
-                f"{method} refused: the worker has not been initialized yet",
-            ), None
+            return (
+                wire.error_message(
+                    request.id,
+                    wire.WORKER_ERROR,
+                    f"{method} refused: the worker has not been initialized yet",
+                ),
+                None,
+                None,
+            )
         try:
             result = await handler(request.params)
         except Exception as exc:
             code, text = error_for_exception(method, exc)
-            return wire.error_message(request.id, code, text), None
+            failure = (failure_log_level(exc), f"{method}: {text}")
+            return wire.error_message(request.id, code, text), None, failure
         if isinstance(result, AfterReply):
-            return wire.result_message(request.id, result.result), result.written
-        return wire.result_message(request.id, result), None
+            return wire.result_message(request.id, result.result), result.written, None
+        return wire.result_message(request.id, result), None, None
 
     def _reply_scope(self) -> anyio.CancelScope:
         """The scope a request's reply is written in.
@@ -289,7 +310,7 @@ class Dispatcher(Outbound):
 
     async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         if self._initialized:
-            raise ProviderError("initialize refused: the worker is already initialized")
+            raise RequestRefused("initialize refused: the worker is already initialized")
         self._initialized = True
         return {"ok": True, "supportedMethods": list(self.supported_methods)}
 

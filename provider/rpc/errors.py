@@ -3,7 +3,8 @@
 :class:`provider.errors.InvalidParams` -> -32602 with its message; any other
 :class:`provider.errors.ProviderError` -> -32002 with its (public) message; anything else ->
 -32002 with a generic message naming the method, while the traceback goes to stderr (params are
-never logged).
+never logged). The dispatcher also logs each such error once (a ``log`` notification at
+:func:`failure_log_level`), so no failed request goes unrecorded in the worker's log.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from __future__ import annotations
 import sys
 import traceback
 
-from provider.errors import InvalidParams, ProviderError
+from provider.errors import (
+    ConfigError,
+    InvalidParams,
+    OperationCancelled,
+    ProviderError,
+    RequestRefused,
+)
 from provider.rpc import wire
 
 
@@ -42,6 +49,14 @@ def error_for_exception(method: str, exc: Exception) -> tuple[int, str]:
         + "".join(traceback.format_exception(exc)).rstrip()
     )
     return wire.WORKER_ERROR, f"{method} failed: internal worker error (details in the worker log)"
+
+
+def failure_log_level(exc: Exception) -> str:
+    """The level a failed request is logged at: ``warn`` for a caller's mistake (a refused call,
+    bad params or config) or work the host itself cancelled, ``error`` for everything else."""
+    leaf = _unwrap(exc)
+    caller = isinstance(leaf, RequestRefused | ConfigError | OperationCancelled)
+    return "warn" if caller else "error"
 
 
 class HostCallError(Exception):

@@ -176,8 +176,13 @@ def _exchange(*messages: bytes) -> list[dict[str, Any]]:
 def test_initialize_then_more_requests_in_one_write_are_all_answered_in_order() -> None:
     health = _line({"jsonrpc": "2.0", "id": 2, "method": "health", "params": {}})
     again = _line({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {}})
-    replies = _exchange(INITIALIZE + health + again)
+    lines = _exchange(INITIALIZE + health + again)
+    replies = [line for line in lines if "method" not in line]
     assert [r["id"] for r in replies] == [1, 2, 3]
+    logged = [line["params"] for line in lines if line.get("method") == "log"]
+    assert logged == [  # a caller's mistake: logged once, at warn
+        {"level": "warn", "message": "initialize: " + replies[2]["error"]["message"]}
+    ]
     assert replies[0]["result"]["supportedMethods"] == list(build_dispatcher().supported_methods)
     assert replies[1]["result"] == {"status": "ok"}
     assert "already initialized" in replies[2]["error"]["message"]
