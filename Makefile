@@ -72,6 +72,7 @@ package-lock: $(PY)
 bench: setup
 	$(PY) bench/cold_start.py
 	$(PY) bench/package_start.py
+	$(PY) bench/package_install.py
 	$(PY) bench/emulator_latency.py
 	$(PY) bench/emulator_stream.py
 	$(PY) bench/execute_relay.py

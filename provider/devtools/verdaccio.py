@@ -6,7 +6,7 @@ full server's Node 24. The config has no uplink (a name it does not hold is a 40
 registry answers an unknown name), no web UI, htpasswd auth (anyone may read, a user added with
 :meth:`Verdaccio.add_user` may publish) and a JSON request log that :meth:`requests` reads::
 
-    async with Verdaccio(tmp / "registry", node) as registry:
+    async with running_verdaccio(tmp / "registry", node) as registry:
         token = await registry.add_user("publisher")
         ...  # NPM_TOKEN=token packaging/publish.py --registry registry.url
     assert "GET /paperclip-plugin-createos" in [f"{r.method} {r.path}" for r in registry.requests()]
@@ -20,10 +20,11 @@ import json
 import secrets
 import signal
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Final, Self
+from typing import IO, Final
 from urllib.parse import unquote, urlsplit
 
 import anyio
@@ -79,8 +80,20 @@ def write_config(work_dir: Path) -> Path:
     return config
 
 
+@asynccontextmanager
+async def running_verdaccio(work_dir: Path, node: Path) -> AsyncIterator[Verdaccio]:
+    """A started :class:`Verdaccio`, stopped on the way out (shielded) whatever happened."""
+    registry = Verdaccio(work_dir, node)
+    try:
+        await registry.start()
+        yield registry
+    finally:
+        with anyio.CancelScope(shield=True):
+            await registry.stop()
+
+
 class Verdaccio:
-    """``async with Verdaccio(work_dir, node) as registry``: ``registry.url`` ends with ``/``."""
+    """Verdaccio on loopback after :meth:`start`; ``url`` ends with ``/``."""
 
     def __init__(self, work_dir: Path, node: Path) -> None:
         self.work_dir = work_dir
@@ -90,42 +103,29 @@ class Verdaccio:
         self._process: anyio.abc.Process | None = None
         self._log_file: IO[bytes] | None = None
 
-    async def __aenter__(self) -> Self:
+    async def start(self) -> None:
+        """Install if needed, write the config, start on a free loopback port, wait for ping."""
         bin_js = await ensure_verdaccio_installed()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config = write_config(self.work_dir)
         self._log_file = self.log_path.open("ab")
-        try:
-            for _ in range(3):  # a port picked by free_port() can be taken before we bind it
-                port = free_port()
-                argv = [str(self.node), str(bin_js), "--config", str(config)]
-                argv += ["--listen", f"127.0.0.1:{port}"]
-                self._process = await anyio.open_process(
-                    argv,
-                    cwd=self.work_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=self._log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                self.url = f"http://127.0.0.1:{port}/"
-                if await self._wait_ready(self._process):
-                    return self
-                await self._stop_process()
-            raise E2EError(f"verdaccio did not answer /-/ping:\n{self._tail()}")
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.stop()
-            raise
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with anyio.CancelScope(shield=True):
-            await self.stop()
+        for _ in range(3):  # a port picked by free_port() can be taken before we bind it
+            port = free_port()
+            argv = [str(self.node), str(bin_js), "--config", str(config)]
+            argv += ["--listen", f"127.0.0.1:{port}"]
+            self._process = await anyio.open_process(
+                argv,
+                cwd=self.work_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.url = f"http://127.0.0.1:{port}/"
+            if await self._wait_ready(self._process):
+                return
+            await self._stop_process()
+        raise E2EError(f"verdaccio did not answer /-/ping:\n{self._tail()}")
 
     async def _wait_ready(self, process: anyio.abc.Process) -> bool:
         async with httpx.AsyncClient(timeout=5.0) as client:

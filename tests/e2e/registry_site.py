@@ -29,7 +29,9 @@ OLD_PYTHONS = (Path("/usr/bin/python3"), Path("/usr/bin/python3.11"))
 
 # What the agent leaves in its workspace (run by sh in the sandbox; dash's printf takes octal
 # escapes): bytes that are not text, several modes, links (relative, into a folder, dangling)
-# and an empty folder. EXPECTED_TREE is what the host must then hold, exactly.
+# and an empty folder. EXPECTED_TREE is what the host must then hold, exactly. Directory modes
+# are not carried (tarfile's data filter ignores them, and so must the extraction without it):
+# every folder gets the server's default, 0o777 less its umask (DIR_MODE).
 GOOD_SCRIPT = """
 mkdir -p tree/sub tree/empty
 printf 'a\\000b\\377\\r\\n' > tree/bin.dat && chmod 0640 tree/bin.dat
@@ -40,16 +42,19 @@ ln -s ../bin.dat tree/sub/up
 ln -s no-such-file tree/dangling
 chmod 0750 tree/sub
 """
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+DIR_MODE = 0o777 & ~_UMASK
 EXPECTED_TREE: dict[str, tuple[str, int, bytes | str | None]] = {
-    "tree": ("dir", 0o755, None),
+    "tree": ("dir", DIR_MODE, None),
     "tree/bin.dat": ("file", 0o640, b"a\x00b\xff\r\n"),
     "tree/private": ("file", 0o600, b"only me"),
-    "tree/sub": ("dir", 0o750, None),
+    "tree/sub": ("dir", DIR_MODE, None),  # 0o750 in the sandbox
     "tree/sub/run.sh": ("file", 0o755, b"#!/bin/sh\necho hi\n"),
     "tree/sub/up": ("link", 0o777, "../bin.dat"),
     "tree/to-run": ("link", 0o777, "sub/run.sh"),
     "tree/dangling": ("link", 0o777, "no-such-file"),
-    "tree/empty": ("dir", 0o755, None),
+    "tree/empty": ("dir", DIR_MODE, None),
 }
 # A link leaving the workspace: the archive of the sync back must be refused whole.
 HOSTILE_SCRIPT = "ln -s ../../../../../../../../etc/hostname escape && echo kept > beside-it"
