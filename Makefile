@@ -85,7 +85,7 @@ bench: setup
 	$(PY) bench/heartbeat.py
 	$(PY) bench/template_acquire.py
 
-## publish: `npm publish --dry-run` of every package `make package` built into dist/; with
+## publish: a dry run (npm's --dry-run) of every package `make package` built into dist/; with
 ## REGISTRY=<url> a real publish there, the token read from $NPM_TOKEN (never printed), runtime
 ## packages first; stops at the first failure and says which were published
 publish: $(PY)
