@@ -42,8 +42,11 @@ ln -s ../bin.dat tree/sub/up
 ln -s no-such-file tree/dangling
 chmod 0750 tree/sub
 """
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+_UMASK = next(
+    int(line.split()[1], 8)
+    for line in Path("/proc/self/status").read_text().splitlines()
+    if line.startswith("Umask:")
+)  # the server inherits it; read, not set (os.umask would change it for a moment)
 DIR_MODE = 0o777 & ~_UMASK
 EXPECTED_TREE: dict[str, tuple[str, int, bytes | str | None]] = {
     "tree": ("dir", DIR_MODE, None),
