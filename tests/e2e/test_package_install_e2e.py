@@ -210,8 +210,10 @@ async def install_by_name(python: Path) -> dict[str, float]:
     timings: dict[str, float] = {}
     try:
         await site_.build(root / "dist", VERSION)
-        path = f"{site_.python_bin(root / 'python-bin', python)}{os.pathsep}{node_dir}"
-        server_env = agent_server_env(root) | {"PATH": f"{path}{os.pathsep}/usr/bin:/bin"}
+        # python3 first: the shim takes the first on PATH; the rest as for every e2e server.
+        first = [site_.python_bin(root / "python-bin", python), node_dir]
+        path = os.pathsep.join([*map(str, first), os.environ.get("PATH", "/usr/bin:/bin")])
+        server_env = agent_server_env(root) | {"PATH": path}
         with anyio.fail_after(SCENARIO_BUDGET_S):
             async with running_verdaccio(root / "registry", node_dir / "node") as registry:
                 token = await registry.add_user("publisher")
