@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,6 +128,8 @@ def publish(
     tarballs: list[Tarball], registry: str | None, token_env: str, env: dict[str, str]
 ) -> list[str]:
     """Publish (or dry-run) each tarball in order; the names done, or PublishError."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token_env):
+        raise SourceError(f"--token-env must name an environment variable, got {token_env!r}")
     token = env.get(token_env, "")
     if registry is not None and not token:
         raise SourceError(f"REGISTRY is set but ${token_env} is empty: export the npm token")
