@@ -8,21 +8,25 @@ attempt, retries and stream opens included, first waits for its turn at the orig
 :class:`~provider.createos.pacer.RequestPacer`; a 429 penalizes that pacer for every worker.
 Redirects are never followed.
 
-Retries (createos-api.md 1.8, "Our policy"): GET, DELETE, PUT of a replayable body and PATCH
-(we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500, 502,
-503, 504; POST only on 429 (the server provably did nothing), which also holds for sandbox
-creation, fork and process creation. At most
+Retries (one attempt loop, :meth:`ClientCore._attempts`): GET, DELETE, PUT of a replayable body
+and PATCH (we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500,
+502, 503, 504; POST (sandbox creation, fork, process creation and exec included) on 429 and 503,
+the two statuses by which the server says it did not process the request (both official SDKs
+retry them on every method; a 503 is "no host with capacity, retry shortly"). At most
 ``max_retries`` extra attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise
 ``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A wait that would pass the
-caller's anyio deadline is not started: the error is raised at once. A stream is retried only
-while opening and only when asked (``retry_open``), never once its body has started.
+caller's anyio deadline is not started: the error is raised at once (for a ``Retry-After`` the
+message says so). A ``Retry-After`` of any length is waited for when the deadline allows it; a
+call without a deadline waits at most :data:`MAX_RETRY_AFTER`. A stream is retried only while
+opening and only when asked (``retry_open``), never once its body has started.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Final, Self
@@ -38,6 +42,7 @@ from provider.createos.errors import (
     APIStatusError,
     APITimeout,
     CreateOSError,
+    retry_refused,
     status_error,
 )
 from provider.createos.pacer import RequestPacer, pacer_for
@@ -54,8 +59,9 @@ DEFAULT_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=120.0, write=60.0, poo
 STREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=30.0, write=30.0, pool=10.0)
 """Streams: heartbeats arrive every 5 s, so 30 s without a byte means the stream is dead."""
 FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
-MAX_RETRY_AFTER: Final = 60.0
-"""A Retry-After longer than this is not waited for: the error is raised with the hint."""
+MAX_RETRY_AFTER: Final = 600.0
+"""The longest ``Retry-After`` a call without an anyio deadline waits for (with a deadline, the
+deadline decides): a longer hint reads as a quota, not as "retry shortly"."""
 
 HTTP11_READ_BYTES: Final = 256 * 1024
 
@@ -78,8 +84,8 @@ _widen_http11_reads()
 
 IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses a GET, DELETE or replayable PUT is retried on."""
-POST_RETRY: Final = frozenset({429})
-"""Statuses a POST is retried on (the server provably did nothing)."""
+POST_RETRY: Final = frozenset({429, 503})
+"""Statuses a POST is retried on (the server says it did not process the request)."""
 
 
 async def _sleep(seconds: float) -> None:
@@ -87,9 +93,17 @@ async def _sleep(seconds: float) -> None:
     await anyio.sleep(seconds)
 
 
-def _fits_deadline(delay: float) -> bool:
-    """False when sleeping ``delay`` seconds would pass the caller's anyio deadline."""
-    return anyio.current_time() + delay < anyio.current_effective_deadline()
+def _wait_refused(delay: float) -> str | None:
+    """Why a wait of ``delay`` seconds may not start (None: it may): it would pass the caller's
+    anyio deadline, or, without a deadline, it is longer than :data:`MAX_RETRY_AFTER`."""
+    left = anyio.current_effective_deadline() - anyio.current_time()
+    if math.isinf(left):
+        if delay <= MAX_RETRY_AFTER:
+            return None
+        return f"longer than the {MAX_RETRY_AFTER:.0f} s a call without a deadline waits"
+    if delay < left:
+        return None
+    return f"past this operation's deadline ({max(left, 0.0):.0f} s left)"
 
 
 def _connection_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
@@ -209,13 +223,11 @@ class ClientCore:
         limits: httpx.Timeout = DEFAULT_TIMEOUT,
     ) -> httpx.Response:
         """Send with pacing and retries; return the 2xx response or raise our error."""
-        attempt = 0
-        while True:
-            await self._pacer.wait_turn()
+
+        async def send() -> httpx.Response:
             body = upload() if upload is not None else None
-            cause: httpx.RequestError | None = None
             try:
-                response = await self._http.request(
+                return await self._http.request(
                     method,
                     url,
                     params=params,
@@ -224,44 +236,71 @@ class ClientCore:
                     headers=headers,
                     timeout=limits,
                 )
+            finally:
+                if body is not None:
+                    body.close()
+
+        return await self._attempts(
+            send, operation=operation, retry_on=retry_on, retry_transport=retry_transport
+        )
+
+    async def _attempts(
+        self,
+        send: Callable[[], Awaitable[httpx.Response]],
+        *,
+        operation: str,
+        retry_on: frozenset[int],
+        retry_transport: bool,
+    ) -> httpx.Response:
+        """The one attempt loop: each attempt waits for the pacer, then ``send``s. Return the
+        2xx response; retry a status in ``retry_on`` (and a transport error when
+        ``retry_transport``) while :meth:`_retry_wait` allows; otherwise raise our error. A
+        refused answer is closed before the next attempt."""
+        attempt = 0
+        while True:
+            await self._pacer.wait_turn()
+            cause: httpx.RequestError | None = None
+            error: CreateOSError
+            try:
+                response = await send()
             except httpx.RequestError as exc:
-                cause = exc
-                error: CreateOSError = _connection_error(operation, exc)
+                cause, error = exc, _connection_error(operation, exc)
                 retryable = retry_transport
             else:
                 if 200 <= response.status_code < 300:
                     return response
+                await response.aclose()
                 error = _error_for(response, operation)
                 retryable = isinstance(error, APIStatusError) and error.status in retry_on
-            finally:
-                if body is not None:
-                    body.close()
-            if await self._may_retry(error, retryable, attempt):
+            final = await self._retry_wait(error, retryable, attempt)
+            if final is None:
                 attempt += 1
                 continue
             if cause is not None:
-                raise error from cause
-            raise error
+                raise final from cause
+            raise final
 
-    async def _may_retry(self, error: CreateOSError, retryable: bool, attempt: int) -> bool:
-        """After a failed attempt: a 429 holds every worker's pacer for its Retry-After; then
-        wait before the next attempt when ``retryable`` and retries are left (see _backoff)."""
+    async def _retry_wait(
+        self, error: CreateOSError, retryable: bool, attempt: int
+    ) -> CreateOSError | None:
+        """After a failed attempt: a 429 holds every worker's pacer for its Retry-After. Then,
+        when ``retryable`` and retries are left, wait (``Retry-After`` first, else backoff) and
+        answer None; otherwise answer the error to raise. A wait the deadline does not allow
+        is not started (see :func:`_wait_refused`); for a ``Retry-After`` the error says so."""
         retry_after = error.retry_after if isinstance(error, APIStatusError) else None
         if isinstance(error, APIStatusError) and error.status == 429:
             await self._pacer.penalize(retry_after)
-        return retryable and await self._backoff(attempt, retry_after)
-
-    async def _backoff(self, attempt: int, retry_after: float | None) -> bool:
-        """Wait before retry ``attempt + 1``; False when no retry is left or the wait would
-        pass ``MAX_RETRY_AFTER`` or the caller's deadline (the error is then raised)."""
-        if attempt >= self._max_retries:
-            return False
+        if not retryable or attempt >= self._max_retries:
+            return error
         await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
         delay = backoff_delay(attempt, self._backoff_base, retry_after, jitter=random.uniform)
-        if delay > MAX_RETRY_AFTER or not _fits_deadline(delay):
-            return False
-        await _sleep(delay)
-        return True
+        why = _wait_refused(delay)
+        if why is None:
+            await _sleep(delay)
+            return None
+        if retry_after is not None and isinstance(error, APIStatusError):
+            return retry_refused(error, retry_after, why)
+        return error
 
     async def _json_call(
         self,
@@ -298,33 +337,19 @@ class ClientCore:
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         """A streamed GET. With ``retry_open``, opening it (up to the response head) is retried
         like any idempotent request; a body cut once it has started is never retried here."""
-        attempt = 0
-        while True:
-            await self._pacer.wait_turn()
+
+        def send() -> Awaitable[httpx.Response]:
             request = self._http.build_request(
                 "GET", url, params=params, headers={"Accept": accept}, timeout=limits
             )
-            cause: httpx.RequestError | None = None
-            error: CreateOSError
-            try:
-                response = await self._http.send(request, stream=True)
-            except httpx.RequestError as exc:
-                cause, error = exc, _connection_error(operation, exc)
-                retryable = retry_open
-            else:
-                if 200 <= response.status_code < 300:
-                    break
-                await response.aclose()
-                error = _error_for(response, operation)
-                retryable = retry_open and (
-                    isinstance(error, APIStatusError) and error.status in IDEMPOTENT_RETRY
-                )
-            if await self._may_retry(error, retryable, attempt):
-                attempt += 1
-                continue
-            if cause is not None:
-                raise error from cause
-            raise error
+            return self._http.send(request, stream=True)
+
+        response = await self._attempts(
+            send,
+            operation=operation,
+            retry_on=IDEMPOTENT_RETRY if retry_open else frozenset(),
+            retry_transport=retry_open,
+        )
         try:
             body = _Body(response, operation)
             try:

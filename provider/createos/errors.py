@@ -60,9 +60,7 @@ class APIStatusError(CreateOSError):
         message: str | None = None,
     ) -> None:
         if message is None:
-            hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "")
-            suffix = f" ({hint})" if hint else ""
-            message = f"CreateOS {operation} failed: HTTP {status}{suffix}."
+            message = f"{status_text(operation, status)}."
         super().__init__(message)
         self.operation = operation
         self.status = status
@@ -70,9 +68,10 @@ class APIStatusError(CreateOSError):
 
     @property
     def rejected(self) -> bool:
-        """A status below 500 (429 included): the server refused the request and did nothing,
-        so even a create, fork or process start has a known outcome (createos-api.md 1.8)."""
-        return self.status < 500
+        """A status below 500 (429 included) or a 503: the server refused the request and did
+        nothing, so even a create, fork or process start has a known outcome. Both official
+        SDKs read a 503 this way ("no host with capacity, retry shortly")."""
+        return self.status < 500 or self.status == 503
 
 
 class AuthError(APIStatusError):
@@ -137,6 +136,24 @@ class MissingExitStatus(APIProtocolError):
 
 class ReconnectBudgetExhausted(APIProtocolError):
     """The output stream kept failing; it could not be followed to the process's exit."""
+
+
+def status_text(operation: str, status: int) -> str:
+    """``CreateOS <operation> failed: HTTP <status> (<hint>)``, the start of every status
+    error's message (no final period)."""
+    hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "")
+    suffix = f" ({hint})" if hint else ""
+    return f"CreateOS {operation} failed: HTTP {status}{suffix}"
+
+
+def retry_refused(error: APIStatusError, wait: float, why: str) -> APIStatusError:
+    """``error`` again, its message saying the server's ``Retry-After`` of ``wait`` seconds was
+    not waited for and ``why`` (the status, operation and hint are kept)."""
+    message = (
+        f"{status_text(error.operation, error.status)}: the server asked to retry in "
+        f"{wait:.0f} s, {why}."
+    )
+    return type(error)(error.operation, error.status, retry_after=error.retry_after, message=message)
 
 
 def status_error(
