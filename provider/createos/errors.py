@@ -153,7 +153,9 @@ def retry_refused(error: APIStatusError, wait: float, why: str) -> APIStatusErro
         f"{status_text(error.operation, error.status)}: the server asked to retry in "
         f"{wait:.0f} s, {why}."
     )
-    return type(error)(error.operation, error.status, retry_after=error.retry_after, message=message)
+    return type(error)(
+        error.operation, error.status, retry_after=error.retry_after, message=message
+    )
 
 
 def status_error(
