@@ -56,8 +56,18 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source che
 
 USER_AGENT: Final = f"paperclip-plugin-createos/{_VERSION} python-httpx/{httpx.__version__}"
 DEFAULT_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=10.0)
-STREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=30.0, write=30.0, pool=10.0)
-"""Streams: heartbeats arrive every 5 s, so 30 s without a byte means the stream is dead."""
+STREAM_READ_TIMEOUT: Final = 60.0
+"""Streams: a read that waits this long for a byte (the Python SDK's per-read timeout) ends with
+APITimeout. CreateOS documents heartbeats only on the exec stream, so on ``connect`` this is
+not proof of a dead stream: its reader checks the process first (provider.createos.stream)."""
+
+
+def stream_timeout(read: float = STREAM_READ_TIMEOUT) -> httpx.Timeout:
+    """The timeouts of a stream that ends a read after ``read`` seconds without a byte."""
+    return httpx.Timeout(connect=10.0, read=read, write=30.0, pool=10.0)
+
+
+STREAM_TIMEOUT: Final = stream_timeout()
 FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
 MAX_RETRY_AFTER: Final = 600.0
 """The longest ``Retry-After`` a call without an anyio deadline waits for (with a deadline, the

@@ -79,6 +79,12 @@ class ExecResult(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+class ProcessOutput(msgspec.Struct, frozen=True):
+    """A process's output journal: the ``seq`` of its newest frame (None when unknown)."""
+
+    newest_seq: int | None = None
+
+
 class ProcessView(msgspec.Struct, frozen=True):
     """The parts of a managed process the provider reads."""
 
@@ -89,6 +95,12 @@ class ProcessView(msgspec.Struct, frozen=True):
     signal: str | None = None
     leader_exited: bool = False
     tree_exited: bool = False
+    output: ProcessOutput | None = None
+
+    @property
+    def running(self) -> bool:
+        """The leader has not exited yet (``starting``, ``running`` or ``terminating``)."""
+        return self.state in ("starting", "running", "terminating") and not self.leader_exited
 
 
 class DataFrame(msgspec.Struct, frozen=True, gc=False):

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
-from provider.createos.core import STREAM_TIMEOUT, ClientCore
+from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, stream_timeout
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
 
@@ -133,12 +133,18 @@ class ProcessCalls(ClientCore):
         await self._json_call("POST", url, operation="resize process", json=body)
 
     def connect(
-        self, sandbox_id: str, process_id: str, *, after: int
+        self,
+        sandbox_id: str,
+        process_id: str,
+        *,
+        after: int,
+        read_timeout: float = STREAM_READ_TIMEOUT,
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """``GET .../connect?after=N`` as raw NDJSON body chunks (not retried).
 
         Status errors are raised on enter (410 -> OutputEvicted); transport errors while
-        reading become APIConnectionError (APITimeout after 30 s without a byte).
+        reading become APIConnectionError (APITimeout after ``read_timeout`` seconds without a
+        byte).
         """
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValueError("after must be a non-negative integer")
@@ -148,7 +154,7 @@ class ProcessCalls(ClientCore):
             operation="follow process output",
             accept="application/x-ndjson",
             params={"after": after},
-            limits=STREAM_TIMEOUT,
+            limits=stream_timeout(read_timeout),
         )
 
     @staticmethod
