@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -59,10 +59,13 @@ KNOWN_SHAPES: Final[tuple[str, ...]] = (
 
 LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 _ACCEPTED_URL_FORM: Final = (
-    "use https://<host>[:port] (http:// only for localhost, 127.0.0.1 or [::1]), "
-    "with no user or password, no query or fragment, and no path other than /v1"
+    "use https://<host>[:port][/<path prefix>][/v1] (http:// only for localhost, 127.0.0.1 or "
+    "[::1]), with no user or password and no query or fragment; path segments hold letters, "
+    "digits, '.', '_', '~' or '-', and /v1 may only end the path"
 )
 _HOST_NAME_RE: Final = re.compile(r"[a-z0-9_][a-z0-9._-]*")
+_PATH_SEGMENT_RE: Final = re.compile(r"[A-Za-z0-9._~-]+")
+MAX_PATH_PREFIX: Final = 200
 _TEXT_FIELDS: Final = ("apiUrl", "apiKey", "shape", "rootfs", "region")
 
 
@@ -105,7 +108,10 @@ class EnvironmentConfig(BaseModel):
 
 
 def normalize_api_url(url: str) -> str:
-    """Reduce an accepted API URL to its origin (``scheme://host[:port]``, no trailing slash)."""
+    """Reduce an accepted API URL to its base: ``scheme://host[:port]`` plus an optional path
+    prefix (a gateway's, e.g. ``/createos``), without a trailing ``/v1`` or slash. Requests go
+    to ``<base>/v1/...``. The rate limit is per caller IP, so pacing keys on the origin alone
+    (:func:`provider.createos.pacer.normalize_origin`); everything else keys on the base."""
 
     def refuse(reason: str) -> ConfigError:
         return ConfigError(
@@ -128,8 +134,7 @@ def normalize_api_url(url: str) -> str:
         raise refuse("credentials are not allowed in the URL")
     if parts.query or parts.fragment:
         raise refuse("a query or fragment is not allowed")
-    if parts.path not in ("", "/", "/v1", "/v1/"):
-        raise refuse("the only path allowed is /v1")
+    prefix = _path_prefix(parts.path, refuse)
     if parts.netloc.endswith(":") or port == 0:
         raise refuse("the port must be a number from 1 to 65535")
     host = (parts.hostname or "").lower()
@@ -151,7 +156,30 @@ def normalize_api_url(url: str) -> str:
         raise refuse("http is only allowed for localhost, 127.0.0.1 or [::1]")
     default_port = 443 if scheme == "https" else 80
     port_text = "" if port is None or port == default_port else f":{port}"
-    return f"{scheme}://{host_text}{port_text}"
+    return f"{scheme}://{host_text}{port_text}{prefix}"
+
+
+def _path_prefix(path: str, refuse: Callable[[str], ConfigError]) -> str:
+    """The path before ``/v1`` (``""`` or ``/seg[/seg...]``); refuses anything else."""
+    segments = path.split("/")[1:] if path.startswith("/") else ([path] if path else [])
+    if segments and segments[-1] == "":
+        segments.pop()  # one trailing slash
+    if segments and segments[-1] == "v1":
+        segments.pop()
+    if len(path) > MAX_PATH_PREFIX:
+        raise refuse(f"the path is longer than {MAX_PATH_PREFIX} characters")
+    for segment in segments:
+        if segment.lower() == "v1":
+            raise refuse("/v1 may only end the path")
+        if not segment:
+            raise refuse("the path has an empty segment (//)")
+        if segment in (".", ".."):
+            raise refuse("the path has a '.' or '..' segment")
+        if not _PATH_SEGMENT_RE.fullmatch(segment):
+            raise refuse(
+                "a path segment holds a character other than a letter, digit, '.', '_', '~' or '-'"
+            )
+    return "".join(f"/{segment}" for segment in segments)
 
 
 _TIMEOUT_MS: Final = IntegerField(

@@ -162,11 +162,13 @@ class _Body:
 
 
 def new_http_client(
-    origin: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
+    base_url: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """The keep-alive connection pool of one origin and key (redirects are never followed)."""
+    """The keep-alive connection pool of one API and key (redirects are never followed).
+    ``base_url`` is the origin, with a gateway's path prefix if any; requests go to
+    ``<base_url>/v1/...``."""
     return httpx.AsyncClient(
-        base_url=origin.rstrip("/") + "/v1",
+        base_url=base_url.rstrip("/") + "/v1",
         headers={"X-Api-Key": api_key, "Accept": "application/json", "User-Agent": USER_AGENT},
         follow_redirects=False,
         timeout=DEFAULT_TIMEOUT,
@@ -175,7 +177,8 @@ def new_http_client(
 
 
 class ClientCore:
-    """One origin and key: the connection pool, the pacer and the request core.
+    """One API (origin, or origin and path prefix) and key: the connection pool, the pacer
+    (keyed by the origin alone: the rate limit is per caller IP) and the request core.
 
     The resource mixins subclass it and call :meth:`_json_call`, :meth:`_call` and
     :meth:`_stream`; :class:`provider.createos.client.CreateOSClient` composes them.
@@ -183,7 +186,7 @@ class ClientCore:
 
     def __init__(
         self,
-        origin: str,
+        base_url: str,
         api_key: str,
         *,
         pacer: RequestPacer | None = None,
@@ -192,15 +195,15 @@ class ClientCore:
         max_retries: int = 2,
         backoff_base: float = 0.5,
     ) -> None:
-        """``http``: a connection pool shared with other clients of the same origin and key
+        """``http``: a connection pool shared with other clients of the same API and key
         (:func:`new_http_client`, kept by :class:`provider.createos.pool.ConnectionPool`); it
         is left open by :meth:`aclose`. Without it the client owns a pool of its own."""
-        self.origin = origin.rstrip("/")
-        self._pacer = pacer if pacer is not None else pacer_for(self.origin)
+        self.base_url = base_url.rstrip("/")
+        self._pacer = pacer if pacer is not None else pacer_for(self.base_url)
         self._max_retries = max(0, max_retries)
         self._backoff_base = backoff_base
         self._owns_http = http is None
-        self._http = http if http is not None else new_http_client(self.origin, api_key, transport)
+        self._http = http if http is not None else new_http_client(self.base_url, api_key, transport)
 
     async def __aenter__(self) -> Self:
         return self
