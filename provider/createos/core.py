@@ -203,7 +203,9 @@ class ClientCore:
         self._max_retries = max(0, max_retries)
         self._backoff_base = backoff_base
         self._owns_http = http is None
-        self._http = http if http is not None else new_http_client(self.base_url, api_key, transport)
+        self._http = (
+            http if http is not None else new_http_client(self.base_url, api_key, transport)
+        )
 
     async def __aenter__(self) -> Self:
         return self

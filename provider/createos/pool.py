@@ -2,9 +2,10 @@
 
 A heartbeat is a burst of small requests; a pool per call paid a TCP (and TLS) handshake for
 each of them. :class:`ConnectionPool` hands out :class:`CreateOSClient` objects that share one
-``httpx.AsyncClient`` per API base URL (origin and path prefix) and key hash (the key itself is only in that client's headers),
-so connections are reused across calls and leases. :meth:`ConnectionPool.aclose` closes them all
-at shutdown; a client's own ``aclose`` leaves the shared pool open.
+``httpx.AsyncClient`` per API base URL (origin and path prefix) and key hash (the key itself is
+only in that client's headers), so connections are reused across calls and leases.
+:meth:`ConnectionPool.aclose` closes them all at shutdown; a client's own ``aclose`` leaves the
+shared pool open.
 """
 
 from __future__ import annotations
