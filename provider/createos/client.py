@@ -16,7 +16,7 @@ New resources get a module and a mixin of their own, added to the bases.
 
 Retries (createos-api.md 1.8, "Our policy"; details in :mod:`provider.createos.core`): GET,
 DELETE, PUT of a replayable body and PATCH (absolute values) are retried on transport errors and
-HTTP 408, 429, 500, 502, 503, 504; POST only on 429 (the server provably did nothing), which
+HTTP 408, 429, 500, 502, 503, 504; POST only on 429 and 503 (the server did not process it), which
 also holds for sandbox creation, fork and process creation. At most ``max_retries`` extra
 attempts, ``Retry-After`` first, otherwise an exponential backoff with jitter; a wait that
 would pass the caller's anyio deadline is not started. The output stream (``connect``) is never

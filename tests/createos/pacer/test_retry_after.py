@@ -30,7 +30,7 @@ class Script:
 
 
 async def test_a_retry_after_of_90_s_is_waited_for_inside_a_long_deadline() -> None:
-    script, starts = Script(), []
+    script, starts = Script(), list[float]()
     pacer = virtual_pacer(None, starts)
     async with CreateOSClient(
         ORIGIN, "key", pacer=pacer, transport=httpx.MockTransport(script)
