@@ -1,30 +1,31 @@
 """The request core of the CreateOS client: transport, pacing, retries and error mapping.
 
 The one place where httpx exceptions become :mod:`provider.createos.errors` (in
-:meth:`ClientCore._call`, :meth:`ClientCore._stream` and the streamed body they hand out); the
+:meth:`ClientCore._attempts` and the streamed body it hands out, through
+:func:`~provider.createos.errors.connection_error` and
+:func:`~provider.createos.errors.response_error`); the
 resource modules (:mod:`~provider.createos.sandboxes`, :mod:`~provider.createos.processes`,
 :mod:`~provider.createos.files`) only build URLs and bodies and read the answers. Every request
 attempt, retries and stream opens included, first waits for its turn at the origin's
 :class:`~provider.createos.pacer.RequestPacer`; a 429 penalizes that pacer for every worker.
 Redirects are never followed.
 
-Retries (one attempt loop, :meth:`ClientCore._attempts`): GET, DELETE, PUT of a replayable body
-and PATCH (we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500,
-502, 503, 504; POST (sandbox creation, fork, process creation and exec included) on 429 and 503,
-the two statuses by which the server says it did not process the request (both official SDKs
-retry them on every method; a 503 is "no host with capacity, retry shortly"). At most
-``max_retries`` extra attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise
-``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A wait that would pass the
-caller's anyio deadline is not started: the error is raised at once (for a ``Retry-After`` the
-message says so). A ``Retry-After`` of any length is waited for when the deadline allows it; a
-call without a deadline waits at most :data:`MAX_RETRY_AFTER`. A stream is retried only while
-opening and only when asked (``retry_open``), never once its body has started.
+Retries (one attempt loop, :meth:`ClientCore._attempts`): GET, DELETE, PUT of a replayable body and
+PATCH (we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500, 502,
+503, 504; POST (sandbox creation, fork, process creation and exec included) on 429 and 503, the two
+statuses by which the server says it did not process the request (both official SDKs retry them on
+every method; a 503 is "no host with capacity, retry shortly"). At most ``max_retries`` extra
+attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise ``min(backoff_base * 2**n +
+U(0, backoff_base), 30)`` seconds. A wait that would pass the caller's anyio deadline is not
+started: the error is raised at once (for a ``Retry-After`` the message says so). A ``Retry-After``
+of any length is waited for when the deadline allows it; a call without a deadline waits at most
+:data:`~provider.createos.retry.MAX_RETRY_AFTER`. A stream is retried only while opening and only
+when asked (``retry_open``), never once its body has started.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -38,15 +39,14 @@ import httpx
 
 from provider.createos.envelope import unwrap_success
 from provider.createos.errors import (
-    APIConnectionError,
     APIStatusError,
-    APITimeout,
     CreateOSError,
+    connection_error,
+    response_error,
     retry_refused,
-    status_error,
 )
 from provider.createos.pacer import RequestPacer, pacer_for
-from provider.createos.retry import backoff_delay, parse_retry_after
+from provider.createos.retry import backoff_delay, wait_refused
 from provider.createos.upload import UploadBody
 
 try:
@@ -69,10 +69,6 @@ def stream_timeout(read: float = STREAM_READ_TIMEOUT) -> httpx.Timeout:
 
 STREAM_TIMEOUT: Final = stream_timeout()
 FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
-MAX_RETRY_AFTER: Final = 600.0
-"""The longest ``Retry-After`` a call without an anyio deadline waits for (with a deadline, the
-deadline decides): a longer hint reads as a quota, not as "retry shortly"."""
-
 HTTP11_READ_BYTES: Final = 256 * 1024
 
 
@@ -103,42 +99,6 @@ async def _sleep(seconds: float) -> None:
     await anyio.sleep(seconds)
 
 
-def _wait_refused(delay: float) -> str | None:
-    """Why a wait of ``delay`` seconds may not start (None: it may): it would pass the caller's
-    anyio deadline, or, without a deadline, it is longer than :data:`MAX_RETRY_AFTER`."""
-    left = anyio.current_effective_deadline() - anyio.current_time()
-    if math.isinf(left):
-        if delay <= MAX_RETRY_AFTER:
-            return None
-        return f"longer than the {MAX_RETRY_AFTER:.0f} s a call without a deadline waits"
-    if delay < left:
-        return None
-    return f"past this operation's deadline ({max(left, 0.0):.0f} s left)"
-
-
-def _connection_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
-    kind = type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
-        return APITimeout(operation, f"CreateOS {operation} failed: timed out ({kind}).")
-    return APIConnectionError(operation, f"CreateOS {operation} failed: connection error ({kind}).")
-
-
-def _redirect_error(operation: str, status: int) -> APIConnectionError:
-    return APIConnectionError(
-        operation, f"CreateOS {operation} failed: redirect refused (HTTP {status})."
-    )
-
-
-def _error_for(response: httpx.Response, operation: str) -> CreateOSError:
-    status = response.status_code
-    if 300 <= status < 400:
-        return _redirect_error(operation, status)
-    if status < 200 or status >= 300:
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return status_error(operation, status, retry_after=retry_after)
-    raise AssertionError("not an error status")  # pragma: no cover
-
-
 class _Body:
     """A response body as an async iterator of bytes; transport errors become ours."""
 
@@ -153,7 +113,7 @@ class _Body:
         try:
             return await self._chunks.__anext__()
         except httpx.RequestError as exc:
-            raise _connection_error(self._operation, exc) from exc
+            raise connection_error(self._operation, exc) from exc
 
     async def aclose(self) -> None:
         close = getattr(self._chunks, "aclose", None)
@@ -279,13 +239,13 @@ class ClientCore:
             try:
                 response = await send()
             except httpx.RequestError as exc:
-                cause, error = exc, _connection_error(operation, exc)
+                cause, error = exc, connection_error(operation, exc)
                 retryable = retry_transport
             else:
                 if 200 <= response.status_code < 300:
                     return response
                 await response.aclose()
-                error = _error_for(response, operation)
+                error = response_error(response, operation)
                 retryable = isinstance(error, APIStatusError) and error.status in retry_on
             final = await self._retry_wait(error, retryable, attempt)
             if final is None:
@@ -301,7 +261,8 @@ class ClientCore:
         """After a failed attempt: a 429 holds every worker's pacer for its Retry-After. Then,
         when ``retryable`` and retries are left, wait (``Retry-After`` first, else backoff) and
         answer None; otherwise answer the error to raise. A wait the deadline does not allow
-        is not started (see :func:`_wait_refused`); for a ``Retry-After`` the error says so."""
+        is not started (:func:`~provider.createos.retry.wait_refused`); for a ``Retry-After``
+        the error says so."""
         retry_after = error.retry_after if isinstance(error, APIStatusError) else None
         if isinstance(error, APIStatusError) and error.status == 429:
             await self._pacer.penalize(retry_after)
@@ -309,7 +270,7 @@ class ClientCore:
             return error
         await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
         delay = backoff_delay(attempt, self._backoff_base, retry_after, jitter=random.uniform)
-        why = _wait_refused(delay)
+        why = wait_refused(delay)
         if why is None:
             await _sleep(delay)
             return None

@@ -1,6 +1,8 @@
 """Everything the CreateOS HTTP API can do wrong, as one branch of the worker's error tree.
 
-Messages are public (see :mod:`provider.errors`): they name a fixed operation label such as
+:func:`connection_error` and :func:`response_error` map an httpx failure or answer to one of
+them (for :mod:`provider.createos.core`, which alone calls httpx). Messages are public (see
+:mod:`provider.errors`): they name a fixed operation label such as
 ``"create sandbox"`` and, for status errors, the HTTP status. They never carry a response body,
 a URL or the API key.
 
@@ -27,6 +29,9 @@ a URL or the API key.
 
 from __future__ import annotations
 
+import httpx
+
+from provider.createos.retry import parse_retry_after
 from provider.errors import ProviderError
 
 _STATUS_HINTS = {
@@ -178,3 +183,28 @@ def status_error(
     else:
         cls = APIStatusError
     return cls(operation, status, retry_after=retry_after)
+
+
+def connection_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
+    """Our error for an httpx transport failure (its class name only, never its text)."""
+    kind = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeout(operation, f"CreateOS {operation} failed: timed out ({kind}).")
+    return APIConnectionError(operation, f"CreateOS {operation} failed: connection error ({kind}).")
+
+
+def redirect_error(operation: str, status: int) -> APIConnectionError:
+    return APIConnectionError(
+        operation, f"CreateOS {operation} failed: redirect refused (HTTP {status})."
+    )
+
+
+def response_error(response: httpx.Response, operation: str) -> CreateOSError:
+    """Our error for a non-2xx answer: a refused redirect, or the status's error class."""
+    status = response.status_code
+    if 300 <= status < 400:
+        return redirect_error(operation, status)
+    if status < 200 or status >= 300:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        return status_error(operation, status, retry_after=retry_after)
+    raise AssertionError("not an error status")  # pragma: no cover
