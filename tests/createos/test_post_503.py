@@ -3,37 +3,15 @@ process start, fork and exec are retried, and the emulator ends with exactly one
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 
 from provider.createos.client import CreateOSClient
-from provider.createos.pacer import RequestPacer
-from provider.emulator.bwrap import BwrapUnavailable
 from provider.emulator.server import Emulator
 
 pytestmark = pytest.mark.anyio
-KEY = "post-503-key"
-
-
-@pytest.fixture
-async def emu() -> AsyncIterator[Emulator]:
-    try:
-        async with Emulator(api_keys=[KEY]) as emulator:
-            yield emulator
-    except BwrapUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-async def api(emu: Emulator) -> AsyncIterator[CreateOSClient]:
-    origin = emu.base_url.rstrip("/")
-    async with CreateOSClient(
-        origin, KEY, pacer=RequestPacer(origin, interval=0), backoff_base=0.01
-    ) as client:
-        yield client
 
 
 async def statuses(emu: Emulator, method: str, suffix: str) -> list[int]:
