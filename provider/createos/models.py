@@ -79,12 +79,6 @@ class ExecResult(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
-class ProcessOutput(msgspec.Struct, frozen=True):
-    """A process's output journal: the ``seq`` of its newest frame (None when unknown)."""
-
-    newest_seq: int | None = None
-
-
 class ProcessView(msgspec.Struct, frozen=True):
     """The parts of a managed process the provider reads."""
 
@@ -95,7 +89,13 @@ class ProcessView(msgspec.Struct, frozen=True):
     signal: str | None = None
     leader_exited: bool = False
     tree_exited: bool = False
-    output: ProcessOutput | None = None
+    output: Any = None  # {"oldest_seq", "newest_seq", "bytes"}; read leniently (newest_seq)
+
+    @property
+    def newest_seq(self) -> int | None:
+        """The ``seq`` of the newest output frame, when the view says (a non-negative int)."""
+        seq = self.output.get("newest_seq") if isinstance(self.output, dict) else None
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
 
     @property
     def running(self) -> bool:

@@ -59,7 +59,7 @@ async def _silent_but_running(
             view = await client.get_process(sandbox_id, process_id)
         except CreateOSError:
             return False
-        newest = view.output.newest_seq if view.output is not None else None
+        newest = view.newest_seq
         return view.running and (newest is None or newest <= cursor)
     return False
 
