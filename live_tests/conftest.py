@@ -78,8 +78,7 @@ def live_settings() -> LiveSettings:
         settings = load_settings()
     except LiveSettingsError as exc:
         pytest.fail(str(exc), pytrace=False)
-    if settings.api_key:
-        _secrets.append(settings.api_key)
+    _secrets.extend(key for key in (settings.api_key, settings.second_api_key) if key)
     return settings
 
 

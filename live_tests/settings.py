@@ -7,6 +7,8 @@
   ``emulator``           the embedded emulator with a throwaway key (what CI runs).
 ``CREATEOS_LIVE_HOST`` picks who runs the worker: ``auto`` (default: the real Paperclip worker
 manager when Node is present), ``node`` or ``python`` (the Python stdio host).
+``CREATEOS_SECOND_API_KEY`` (optional, real mode): another account's key, for the doctor's
+"another key's sandbox answers 404" check (``live_tests/test_doctor.py``; skipped without it).
 ``CREATEOS_EGRESS_ALLOWLIST`` (optional, either mode): comma-separated egress rules (``*``, a host
 such as ``github.com`` or ``*.example.com``, an IP address or CIDR, optionally with ``:port``) put
 into the config's ``egressAllowlist``; blanks around and between entries are ignored, entries are
@@ -51,6 +53,7 @@ class LiveSettings:
     api_url: str | None = None  # None in emulator mode: the fixture fills in the emulator's URL
     api_key: str = field(default="", repr=False)
     egress_allowlist: tuple[str, ...] = ()  # normalized; empty: the config leaves it unset
+    second_api_key: str = field(default="", repr=False)  # another account's key (doctor)
 
 
 def live_mode(environ: Mapping[str, str] | None = None) -> Mode:
@@ -105,6 +108,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> LiveSettings:
             api_url=env["CREATEOS_API_URL"].strip(),
             api_key=env["CREATEOS_API_KEY"].strip(),
             egress_allowlist=egress,
+            second_api_key=env.get("CREATEOS_SECOND_API_KEY", "").strip(),
         )
     shape = env.get("CREATEOS_SHAPE", "").strip() or EMULATOR_SHAPE
     return LiveSettings(
@@ -114,4 +118,5 @@ def load_settings(environ: Mapping[str, str] | None = None) -> LiveSettings:
         rootfs=rootfs,
         api_key=secrets.token_urlsafe(18),
         egress_allowlist=egress,
+        second_api_key=secrets.token_urlsafe(18),
     )

@@ -6,6 +6,8 @@ async machinery.
 
 ``python -m provider shell [--api-url ORIGIN] SANDBOX_ID`` is the operator's attach helper
 (:mod:`provider.shell`, provider-behavior.md 8.1); it is imported only for that subcommand.
+``python -m provider doctor --api-url URL ...`` checks a live endpoint's behaviour
+(:mod:`provider.doctor`), likewise imported only for that subcommand.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ def main(argv: list[str]) -> int:
         from provider.shell.cli import main as shell_main
 
         return shell_main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from provider.doctor.cli import main as doctor_main
+
+        return doctor_main(argv[1:])
     if argv:
         sys.stderr.write(
             "usage: python -m provider   (serves the Paperclip host on stdio)\n"
             "       python -m provider shell [--api-url ORIGIN] SANDBOX_ID"
             "   (a shell in a sandbox, on this terminal)\n"
+            "       python -m provider doctor --api-url URL [--api-key-file FILE] ..."
+            "   (check a CreateOS endpoint)\n"
         )
         return 2
     from provider.app import run_stdio

@@ -7,12 +7,9 @@ field and the fix; no message ever repeats the API key or the given URL.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +22,8 @@ from provider.config_fields import (
     snapshot,
     text_field,
 )
+from provider.config_url import LOOPBACK_HOSTS as LOOPBACK_HOSTS
+from provider.config_url import normalize_api_url as normalize_api_url
 from provider.errors import ConfigError
 
 DEFAULT_API_URL: Final = "https://api.sb.createos.sh"
@@ -57,12 +56,6 @@ KNOWN_SHAPES: Final[tuple[str, ...]] = (
     "s-8vcpu-16gb",
 )
 
-LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
-_ACCEPTED_URL_FORM: Final = (
-    "use https://<host>[:port] (http:// only for localhost, 127.0.0.1 or [::1]), "
-    "with no user or password, no query or fragment, and no path other than /v1"
-)
-_HOST_NAME_RE: Final = re.compile(r"[a-z0-9_][a-z0-9._-]*")
 _TEXT_FIELDS: Final = ("apiUrl", "apiKey", "shape", "rootfs", "region")
 
 
@@ -102,56 +95,6 @@ class EnvironmentConfig(BaseModel):
             "rootfsByAdapter": dict(self.rootfs_by_adapter),
             "snapshot": self.snapshot,
         }
-
-
-def normalize_api_url(url: str) -> str:
-    """Reduce an accepted API URL to its origin (``scheme://host[:port]``, no trailing slash)."""
-
-    def refuse(reason: str) -> ConfigError:
-        return ConfigError(
-            f"apiUrl is not accepted ({reason}): {_ACCEPTED_URL_FORM}", field="apiUrl"
-        )
-
-    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
-        raise refuse("it contains whitespace or control characters")
-    if not url.isascii():
-        raise refuse("it contains non-ASCII characters")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise refuse("the host or port is malformed") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        raise refuse("the scheme must be https")
-    if "@" in parts.netloc:
-        raise refuse("credentials are not allowed in the URL")
-    if parts.query or parts.fragment:
-        raise refuse("a query or fragment is not allowed")
-    if parts.path not in ("", "/", "/v1", "/v1/"):
-        raise refuse("the only path allowed is /v1")
-    if parts.netloc.endswith(":") or port == 0:
-        raise refuse("the port must be a number from 1 to 65535")
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise refuse("the host is missing")
-    if parts.netloc.startswith("["):
-        try:
-            if "%" in host:  # zone ids name a local interface: never an API origin
-                raise ValueError(host)
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise refuse("the IPv6 address is malformed") from None
-        host_text = f"[{host}]"
-    elif _HOST_NAME_RE.fullmatch(host):
-        host_text = host
-    else:
-        raise refuse("the host name is malformed")
-    if scheme == "http" and host not in LOOPBACK_HOSTS:
-        raise refuse("http is only allowed for localhost, 127.0.0.1 or [::1]")
-    default_port = 443 if scheme == "https" else 80
-    port_text = "" if port is None or port == default_port else f":{port}"
-    return f"{scheme}://{host_text}{port_text}"
 
 
 _TIMEOUT_MS: Final = IntegerField(

@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 600
 # Every live test file must be part of the emulator run (a new one with a typo'd name or a
 # collection error would otherwise only lower the count).
-LIVE_TEST_FILES = ("test_smoke", "test_interactive")
+LIVE_TEST_FILES = ("test_smoke", "test_interactive", "test_doctor")
 
 
 def run_live_tests(
@@ -87,6 +87,7 @@ def test_live_smoke_passes_against_the_emulator(tmp_path: Path) -> None:
         "test_smoke.test_the_egress_allowlist_is_the_sandboxs",
         "test_smoke.test_a_warm_release_resumes_the_same_sandbox_with_its_files",
         "test_smoke.test_a_sync_in_and_a_sync_out_overlap_on_one_lease",
+        "test_doctor.test_the_doctor_finds_every_assumption_holding",
     } <= passed, sorted(passed)
 
 

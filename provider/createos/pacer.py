@@ -29,7 +29,9 @@ Only a record from another boot or a corrupt one is dropped (the process's floor
 
 **Sharing.** With a ``shared_dir`` the value lives in a small file per origin (named by the
 sha256 of the origin) that every worker process of this user on the host updates under an
-``fcntl.flock``. The lock is only ever taken non-blocking (``LOCK_NB``) for a read-modify-write
+``fcntl.flock``. The default folder (:func:`default_runtime_dir`) is one per account and machine,
+not per Paperclip instance: every instance and tool of the account spends the one IP's budget.
+The lock is only ever taken non-blocking (``LOCK_NB``) for a read-modify-write
 of a few bytes; a busy lock is retried after a 1 ms sleep, so the event loop never blocks. Times
 are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux), tagged with the kernel boot id
 so a record from before a reboot is ignored, as is a record too far ahead to come from this
@@ -59,11 +61,10 @@ import logging
 import math
 import os
 import stat
-import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import EllipsisType
 from typing import Final, TypeVar
@@ -127,16 +128,16 @@ def normalize_origin(origin: str) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def default_runtime_dir() -> Path:
-    """``$PAPERCLIP_CREATEOS_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/paperclip-createos``, else
-    ``<tmp>/paperclip-createos-<uid>``."""
-    override = os.environ.get(ENV_RUNTIME_DIR, "").strip()
+def default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$PAPERCLIP_CREATEOS_RUNTIME_DIR``, else ``/tmp/paperclip-createos-<uid>``: one folder
+    per account and machine, whichever Paperclip instance or tool asks. ``TMPDIR`` and
+    ``XDG_RUNTIME_DIR`` are ignored on purpose: the host gives its workers neither, and a tool
+    run from a login shell that has them must still share the workers' budget."""
+    env = os.environ if environ is None else environ
+    override = env.get(ENV_RUNTIME_DIR, "").strip()
     if override:
         return Path(override)
-    xdg = os.environ.get("XDG_RUNTIME_DIR", "").strip()
-    if xdg and Path(xdg).is_absolute() and Path(xdg).is_dir():
-        return Path(xdg) / "paperclip-createos"
-    return Path(tempfile.gettempdir()) / f"paperclip-createos-{os.getuid()}"
+    return Path("/tmp") / f"paperclip-createos-{os.getuid()}"
 
 
 def _boot_id() -> str:
@@ -256,14 +257,11 @@ class RequestPacer:
         self._on_start = on_start
         self._book: _LocalBook = _LocalBook(clock)
         if interval > 0 and shared_dir is not None:
-            try:
-                folder = default_runtime_dir() if shared_dir is ... else Path(shared_dir)
-            except OSError:  # no usable temporary directory: pace in-process
-                log.warning("CreateOS request pacing is per process: no runtime folder")
-            else:
-                digest = hashlib.sha256(self.origin.encode()).hexdigest()
-                horizon = MAX_HOLD + CAPACITY * interval + 1.0
-                self._book = _FileBook(folder / f"{digest}.pace", clock, horizon)
+            # A folder that cannot be used is found on the first start: pace in-process then.
+            folder = default_runtime_dir() if shared_dir is ... else Path(shared_dir)
+            digest = hashlib.sha256(self.origin.encode()).hexdigest()
+            horizon = MAX_HOLD + CAPACITY * interval + 1.0
+            self._book = _FileBook(folder / f"{digest}.pace", clock, horizon)
         self._line: deque[anyio.Event] = deque()
 
     @property

@@ -69,25 +69,32 @@ def extract_archive(
             raise TransferError(f"the sync target {target_dir} is a symbolic link; refused")
         if target_dir.exists() and not target_dir.is_dir():
             raise TransferError(f"the sync target {target_dir} exists and is not a directory")
-        created = _host_step("Creating", target_dir, lambda: make_dirs(target_dir.parent))
+        created = _host_step(
+            f"Creating the folders above {target_dir}",
+            target_dir,
+            lambda: make_dirs(target_dir.parent),
+        )
         own = workdir is None
+        installed = False
         try:
             if workdir is None:
-                workdir = Path(
-                    tempfile.mkdtemp(prefix=".paperclip-createos-", dir=target_dir.parent)
-                )
+                workdir = Path(tempfile.mkdtemp(prefix=_PREFIX, dir=target_dir.parent))
             staged = workdir / "tree"
-            _host_step("Extracting", target_dir, lambda: _stage(checked, staged, target_dir))
+            _host_step(
+                f"Extracting into {target_dir}",
+                target_dir,
+                lambda: _stage(checked, staged, target_dir),
+            )
             install_tree(staged, target_dir, workdir / "replaced", mode=mode)
+            installed = True
             if mode is not None:
                 for directory in created:
                     directory.chmod(mode)
-        except BaseException:
-            remove_new_dirs(created)  # leave no empty parents behind
-            raise
         finally:
             if own and workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+            if not installed:
+                remove_new_dirs(created)  # leave no empty parents behind
         return checked.regular
 
 
@@ -99,18 +106,19 @@ class _StageFailed(Exception):
 
 
 def _host_step(step: str, target: Path, action: Callable[[], _T]) -> _T:
-    """Run ``action``; an OSError becomes a TransferError naming ``step``, the path and cause."""
+    """Run ``action``; an OSError becomes a TransferError naming ``step`` ("Extracting into
+    <target>"), the path it failed on and the cause."""
     try:
         return action()
     except _StageFailed as failed:
-        raise _error(step, target, failed.cause, target / failed.relative) from failed.cause
+        raise _error(step, failed.cause, target / failed.relative) from failed.cause
     except OSError as exc:
-        raise _error(step, target, exc, Path(exc.filename or target)) from exc
+        raise _error(step, exc, Path(exc.filename or target)) from exc
 
 
-def _error(step: str, target: Path, cause: OSError, where: Path) -> TransferError:
+def _error(step: str, cause: OSError, where: Path) -> TransferError:
     reason = cause.strerror or type(cause).__name__
-    return TransferError(f"{step} into {target} failed on the host: {reason} ({where}){_KEPT}")
+    return TransferError(f"{step} failed on the host: {reason} ({where}){_KEPT}")
 
 
 def _relative(name: str) -> str:

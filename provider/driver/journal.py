@@ -19,80 +19,56 @@ whose owner is no longer alive was left by a crashed worker: the next call that 
 API origin and key cleans it up (see :mod:`provider.driver.recovery`). :func:`owner_alive` says
 when an owner is gone; a killed worker its parent has not reaped yet (a zombie) is gone.
 
-The state folder is the first writable of ``$XDG_STATE_HOME/paperclip-createos``,
-``<home>/.local/state/paperclip-createos`` (``$HOME``, else the account's home: the host gives
-the worker no HOME) and ``.state/`` inside the plugin's own directory, which an upgrade replaces
-(:func:`state_dirs`). Resetting it is deleting that folder while no worker runs. No secret is
-stored: API keys appear only as SHA-256 hashes. All methods are blocking; callers run them in
-worker threads.
+Each Paperclip instance has its own journal; :mod:`provider.driver.state_folder` chooses the
+folder. A journal may also read a *legacy* one (the journal every instance of the account shared
+before per-instance folders): its entries are found and cleared like this journal's own, and new
+entries are never written there. No secret is stored: API keys appear only as SHA-256 hashes.
+All methods are blocking; callers run them in worker threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import pwd
 import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from provider.driver.owners import ABANDONED, current_owner, owner_alive
 from provider.driver.tracker import ScopeKey
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS unconfirmed (
+CREATE TABLE IF NOT EXISTS {db}.unconfirmed (
   company_id TEXT, environment_id TEXT, api_url TEXT, key_hash TEXT, lease_id TEXT,
   PRIMARY KEY (company_id, environment_id, api_url, key_hash, lease_id));
-CREATE TABLE IF NOT EXISTS processes (
+CREATE TABLE IF NOT EXISTS {db}.processes (
   process_id TEXT PRIMARY KEY, company_id TEXT, environment_id TEXT, api_url TEXT,
   key_hash TEXT, lease_id TEXT, owner TEXT);
-CREATE TABLE IF NOT EXISTS creates (
+CREATE TABLE IF NOT EXISTS {db}.creates (
   token TEXT PRIMARY KEY, api_url TEXT, key_hash TEXT, owner TEXT);
-CREATE TABLE IF NOT EXISTS tempdirs (path TEXT PRIMARY KEY, owner TEXT);
-CREATE TABLE IF NOT EXISTS kept_forks (
+CREATE TABLE IF NOT EXISTS {db}.tempdirs (path TEXT PRIMARY KEY, owner TEXT);
+CREATE TABLE IF NOT EXISTS {db}.kept_forks (
   sandbox_id TEXT PRIMARY KEY, tag TEXT, key_hash TEXT, recorded_at REAL);
 """
+"""The tables, in schema ``{db}`` (``main``, or ``legacy`` for an attached legacy journal)."""
+_LEGACY_ROWS = (
+    "SELECT EXISTS (SELECT 1 FROM legacy.unconfirmed) OR EXISTS (SELECT 1 FROM legacy.processes)"
+    " OR EXISTS (SELECT 1 FROM legacy.creates) OR EXISTS (SELECT 1 FROM legacy.tempdirs)"
+    " OR EXISTS (SELECT 1 FROM legacy.kept_forks)"
+)
+"""Whether an attached legacy journal holds any entry."""
 
 
 CREATE_WATCH_SECONDS = 900.0
 """How long recovery keeps looking for a create that may still land (15 minutes)."""
 KEPT_FORKS_CAP = 10_000
 """Rows of ``kept_forks`` kept (newest first): a fork deleted behind our back leaves its row."""
-
-
-def state_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
-    """Where the journal may live, best first (see the module docstring)."""
-    env = os.environ if environ is None else environ
-    found: list[Path] = []
-    xdg = env.get("XDG_STATE_HOME", "").strip()
-    if xdg and Path(xdg).is_absolute():
-        found.append(Path(xdg) / "paperclip-createos")
-    home = _home(env)
-    if home is not None:
-        found.append(home / ".local" / "state" / "paperclip-createos")
-    found.append(Path(__file__).resolve().parents[2] / ".state")
-    return list(dict.fromkeys(found))
-
-
-def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    return state_dirs(environ)[0]
-
-
-def _home(env: Mapping[str, str]) -> Path | None:
-    """``$HOME``, else the account's home from the password database (the host gives the worker
-    no ``HOME``); None when neither is an absolute path."""
-    text = env.get("HOME", "").strip()
-    if not text:
-        try:
-            text = pwd.getpwuid(os.getuid()).pw_dir
-        except (KeyError, OSError):
-            return None
-    path = Path(text)
-    return path if path.is_absolute() and path != Path("/") else None
 
 
 @dataclass(frozen=True)
@@ -102,28 +78,81 @@ class OrphanProcess:
 
 
 class LeaseJournal:
-    """The journal described in the module docstring; ``path=None`` keeps it in memory."""
+    """The journal described in the module docstring; ``path=None`` keeps it in memory.
 
-    def __init__(self, path: Path | None) -> None:
+    ``legacy`` names a journal to read as well (:attr:`legacy` is None when there is none or it
+    cannot be used, which is said on stderr): lookups and removals cover both, writes go to
+    ``path`` only.
+    """
+
+    def __init__(self, path: Path | None, *, legacy: Path | None = None) -> None:
         self.path = path
+        self.legacy: Path | None = None
         self.owner = current_owner()
         self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._db = sqlite3.connect(
-            ":memory:" if path is None else str(path), timeout=10.0, check_same_thread=False
-        )
+            # Created 0600 before SQLite opens it: its -wal and -shm files copy that mode.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        target = ":memory:" if path is None else path.absolute().as_uri()
+        self._db = sqlite3.connect(target, timeout=10.0, check_same_thread=False, uri=True)
+        self._schemas: tuple[str, ...] = ("main",)
         with self._tx() as db:
             if path is not None:
                 db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+            db.executescript(SCHEMA.format(db="main"))
         if path is not None:
             path.chmod(0o600)
+        if legacy is not None and legacy != path:
+            self._attach_legacy(legacy)
+
+    def _attach_legacy(self, legacy: Path) -> None:
+        """Read the journal at ``legacy`` too, if it holds any entry. It must be writable (its
+        entries are removed once handled), else it is left alone and stderr says why. An empty
+        one is not attached: after the upgrade only a worker of the earlier version that still
+        runs can write there, and what it leaves is read by the worker started after it."""
+        try:
+            self._db.execute(
+                "ATTACH DATABASE ? AS legacy", (f"{legacy.absolute().as_uri()}?mode=rw",)
+            )
+            self._db.executescript(SCHEMA.format(db="legacy"))
+            with self._tx() as db:  # a write: fails here, not mid-call, when it is read-only
+                db.execute("DELETE FROM legacy.tempdirs WHERE rowid=-1")
+                in_use = bool(db.execute(_LEGACY_ROWS).fetchone()[0])
+        except sqlite3.Error as exc:
+            in_use = False
+            print(
+                f"paperclip-createos: the legacy lease journal {legacy} is not read ({exc});"
+                " entries recorded there before the upgrade are not cleaned up.",
+                file=sys.stderr,
+            )
+        if not in_use:
+            with contextlib.suppress(sqlite3.Error):  # not attached when ATTACH failed
+                self._db.execute("DETACH DATABASE legacy")
+            return
+        self.legacy = legacy
+        self._schemas = ("main", "legacy")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock, self._db:
             yield self._db
+
+    def _select(self, sql: str, params: tuple[object, ...] = ()) -> list[Any]:
+        """The rows of ``sql`` (its tables spelled ``{db}.table``) in every journal read."""
+        with self._tx() as db:
+            return [
+                row
+                for schema in self._schemas
+                for row in db.execute(sql.format(db=schema), params).fetchall()
+            ]
+
+    def _delete(self, sql: str, params: tuple[object, ...]) -> None:
+        """Run the ``DELETE`` ``sql`` (tables spelled ``{db}.table``) on every journal read:
+        an entry is cleared wherever it was recorded."""
+        with self._tx() as db:
+            for schema in self._schemas:
+                db.execute(sql.format(db=schema), params)
 
     def close(self) -> None:
         self._db.close()
@@ -135,21 +164,19 @@ class LeaseJournal:
             db.execute("INSERT OR IGNORE INTO unconfirmed VALUES (?,?,?,?,?)", _scope_row(scope))
 
     def clear_unconfirmed(self, scope: ScopeKey) -> None:
-        with self._tx() as db:
-            db.execute(
-                "DELETE FROM unconfirmed WHERE company_id=? AND environment_id=? AND api_url=?"
-                " AND key_hash=? AND lease_id=?",
-                _scope_row(scope),
-            )
+        self._delete(
+            "DELETE FROM {db}.unconfirmed WHERE company_id=? AND environment_id=? AND api_url=?"
+            " AND key_hash=? AND lease_id=?",
+            _scope_row(scope),
+        )
 
     def is_unconfirmed(self, scope: ScopeKey) -> bool:
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT 1 FROM unconfirmed WHERE company_id=? AND environment_id=? AND api_url=?"
-                " AND key_hash=? AND lease_id=?",
-                _scope_row(scope),
-            ).fetchone()
-        return row is not None
+        rows = self._select(
+            "SELECT 1 FROM {db}.unconfirmed WHERE company_id=? AND environment_id=? AND api_url=?"
+            " AND key_hash=? AND lease_id=?",
+            _scope_row(scope),
+        )
+        return bool(rows)
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -161,16 +188,14 @@ class LeaseJournal:
             )
 
     def remove_process(self, process_id: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM processes WHERE process_id=?", (process_id,))
+        self._delete("DELETE FROM {db}.processes WHERE process_id=?", (process_id,))
 
     def orphan_processes(self, api_url: str, key_hash: str) -> list[OrphanProcess]:
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT process_id, company_id, environment_id, lease_id, owner FROM processes"
-                " WHERE api_url=? AND key_hash=?",
-                (api_url, key_hash),
-            ).fetchall()
+        rows = self._select(
+            "SELECT process_id, company_id, environment_id, lease_id, owner FROM {db}.processes"
+            " WHERE api_url=? AND key_hash=?",
+            (api_url, key_hash),
+        )
         return [
             OrphanProcess(pid, ScopeKey(company, env, api_url, key_hash, lease))
             for pid, company, env, lease, owner in rows
@@ -187,8 +212,7 @@ class LeaseJournal:
             )
 
     def remove_create(self, token: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM creates WHERE token=?", (token,))
+        self._delete("DELETE FROM {db}.creates WHERE token=?", (token,))
 
     def abandon_create(self, token: str, *, watch_seconds: float = CREATE_WATCH_SECONDS) -> None:
         """Hand an unresolved create to recovery: its call is over, but the sandbox may exist
@@ -200,21 +224,19 @@ class LeaseJournal:
 
     def watching_create(self, token: str) -> bool:
         """Whether recovery should keep looking for ``token`` although a lookup missed it."""
-        with self._tx() as db:
-            row = db.execute("SELECT owner FROM creates WHERE token=?", (token,)).fetchone()
-        if row is None or not str(row[0]).startswith(ABANDONED):
+        rows = self._select("SELECT owner FROM {db}.creates WHERE token=?", (token,))
+        if not rows or not str(rows[0][0]).startswith(ABANDONED):
             return False
         try:
-            return time.time() < float(str(row[0]).removeprefix(ABANDONED))
+            return time.time() < float(str(rows[0][0]).removeprefix(ABANDONED))
         except ValueError:
             return False
 
     def orphan_creates(self, api_url: str, key_hash: str) -> list[str]:
-        with self._tx() as db:
-            rows = db.execute(
-                "SELECT token, owner FROM creates WHERE api_url=? AND key_hash=?",
-                (api_url, key_hash),
-            ).fetchall()
+        rows = self._select(
+            "SELECT token, owner FROM {db}.creates WHERE api_url=? AND key_hash=?",
+            (api_url, key_hash),
+        )
         return [token for token, owner in rows if not owner_alive(owner)]
 
     # -- host temp folders -------------------------------------------------------------------
@@ -224,12 +246,10 @@ class LeaseJournal:
             db.execute("INSERT OR REPLACE INTO tempdirs VALUES (?,?)", (str(path), self.owner))
 
     def remove_tempdir(self, path: Path) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM tempdirs WHERE path=?", (str(path),))
+        self._delete("DELETE FROM {db}.tempdirs WHERE path=?", (str(path),))
 
     def orphan_tempdirs(self) -> list[Path]:
-        with self._tx() as db:
-            rows = db.execute("SELECT path, owner FROM tempdirs").fetchall()
+        rows = self._select("SELECT path, owner FROM {db}.tempdirs")
         return [Path(path) for path, owner in rows if not owner_alive(owner)]
 
     # -- kept forks ---------------------------------------------------------------------------
@@ -247,31 +267,13 @@ class LeaseJournal:
             )
 
     def remove_kept_fork(self, sandbox_id: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM kept_forks WHERE sandbox_id=?", (sandbox_id,))
+        self._delete("DELETE FROM {db}.kept_forks WHERE sandbox_id=?", (sandbox_id,))
 
     def kept_forks(self, tag: str) -> frozenset[str]:
         """This scope's kept forks, whichever key recorded them: a sweep only deletes those its
         own listing shows (a rotated key still sees the account's sandboxes)."""
-        with self._tx() as db:
-            rows = db.execute("SELECT sandbox_id FROM kept_forks WHERE tag=?", (tag,)).fetchall()
+        rows = self._select("SELECT sandbox_id FROM {db}.kept_forks WHERE tag=?", (tag,))
         return frozenset(sandbox_id for (sandbox_id,) in rows)
-
-
-def open_journal(environ: Mapping[str, str] | None = None) -> LeaseJournal:
-    """The durable journal in the first usable state folder of :func:`state_dirs`; in memory
-    (with a warning on stderr) when none can be used, so a read-only install still serves."""
-    for folder in state_dirs(environ):
-        try:
-            return LeaseJournal(folder / "leases.sqlite3")
-        except (OSError, sqlite3.Error):
-            continue
-    print(
-        "paperclip-createos: lease state is kept in memory only (no state folder is "
-        "writable); set XDG_STATE_HOME to a writable folder.",
-        file=sys.stderr,
-    )
-    return LeaseJournal(None)
 
 
 def _scope_row(scope: ScopeKey) -> tuple[str, str, str, str, str]:

@@ -52,9 +52,9 @@ async def background() -> AsyncIterator[None]:
 def _service_for(notify: Notify, log: Log) -> DriverService:
     global _service
     if _service is None:
-        from provider.driver.journal import open_journal
         from provider.driver.runtime import DriverRuntime
         from provider.driver.service import DriverService
+        from provider.driver.state_folder import open_journal
 
         runtime = DriverRuntime(journal=open_journal(), background=_background_tasks())
         _service = DriverService(runtime, notify=notify, log=log)

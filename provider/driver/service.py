@@ -131,7 +131,12 @@ class DriverService:
         return validate_config(params["config"])
 
     async def probe(self, params: dict[str, Any]) -> dict[str, Any]:
-        return await probe(self.runtime, decode_params(params, CallParams, "environmentProbe"))
+        """A failed probe is a result (``ok: false``), not an error reply, so it is logged here
+        (warn: mostly config or credentials; the summary is public text)."""
+        result = await probe(self.runtime, decode_params(params, CallParams, "environmentProbe"))
+        if not result.get("ok"):
+            await self.log("warn", f"environmentProbe: {result.get('summary')}", None)
+        return result
 
     async def acquire(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, AcquireParams, "environmentAcquireLease")

@@ -1,7 +1,8 @@
 """Host-side view of sandbox processes: every host pid living in a given PID namespace.
 
-Used for leak checks (the admin state view, the test fixture) and to make sure a destroyed
-sandbox's namespace is really empty. Reads ``/proc/<pid>/ns/pid`` and ``/proc/<pid>/status``.
+Used for leak checks (the admin state view, the test fixture), to make sure a destroyed
+sandbox's namespace is really empty, and to describe a PTY's foreground job as the guest sees
+it. Reads ``/proc/<pid>/ns/pid``, ``/proc/<pid>/status`` and ``/proc/<pid>/cmdline``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -75,3 +77,20 @@ def scan_host(namespaces: Mapping[str, float | None]) -> dict[str, list[HostProc
             HostProcess(int(name), guest_pid, guest_sid if guest_sid is not None else -1, state)
         )
     return found
+
+
+def guest_command(host_pid: int) -> dict[str, Any] | None:
+    """``{pid, cmd, args}`` of a host process as its sandbox sees it (its pid in the innermost
+    PID namespace, its argv split into the command and the rest), or None once it is gone."""
+    entry = Path(f"/proc/{host_pid}")
+    try:
+        guest_pid = _last_field((entry / "status").read_text(), "NSpid")
+        argv = (entry / "cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    if argv and not argv[-1]:
+        argv.pop()  # the terminating NUL
+    if guest_pid is None or not argv:  # gone, or a zombie (empty cmdline)
+        return None
+    words = [word.decode("utf-8", "replace") for word in argv]
+    return {"pid": guest_pid, "cmd": words[0], "args": words[1:]}

@@ -1,107 +1,36 @@
-"""Managed processes and one-shot exec: pipe pumps, exit detection, stdin, tree kill.
+"""Managed processes and one-shot exec: output, exit detection, stdin, tree kill.
 
 The supervisor spawns each command in a new session and passes the parent ends of its pipes to
-the emulator, which reads them directly (no relay hop). A pump keeps draining a pipe into the
-journal whether or not a reader is attached. "Finished" means the leader's exit is known and
-both pipes reached EOF, or stayed empty for ``exit_drain_ms`` (a background child may keep them
-open); only then is the ``exit`` line appended, after every data frame read so far.
+the emulator, which reads them directly (no relay hop). A pump (``pumps.py``) keeps draining a
+pipe into the journal whether or not a reader is attached. "Finished" means the leader's exit is
+known and both pipes reached EOF, or stayed empty for ``exit_drain_ms`` (a background child may
+keep them open); only then is the ``exit`` line appended, after every data frame read so far.
+A streamed exec finishes at EOF only (createos-api.md 5: the worst case of an unknown).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
-import select
 import struct
 import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .guest import ChildWatch, ExitInfo, Guest, GuestGone
+from .hostscan import guest_command
 from .ids import new_id, utc_now
 from .journal import Journal
+from .pumps import Pump, await_finish, prepare_read_fd, run_pump
 from .settings import Settings
 
-READ_SIZE = 1 << 20
-F_SETPIPE_SZ = 1031
-PIPE_SIZE = 1 << 20
 SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGWINCH")
 MAX_INPUT = 256 * 1024
 MAX_QUEUED_INPUT = 8 << 20
-
-
-@dataclass
-class Pump:
-    """State of one pipe being drained."""
-
-    fd: int
-    parked: bool = False
-    eof: bool = False
-
-    def idle_and_empty(self) -> bool:
-        if self.eof:
-            return True
-        if not self.parked:
-            return False
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        return not poller.poll(0)
-
-
-def prepare_read_fd(fd: int) -> None:
-    os.set_blocking(fd, False)
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
-
-
-async def run_pump(pump: Pump, on_chunk: Callable[[memoryview], Awaitable[None]]) -> None:
-    """Read ``pump.fd`` until EOF, handing every chunk to ``on_chunk``; closes the fd.
-
-    Reads land in one reused buffer (no allocation per read); ``on_chunk`` gets a view that is
-    only valid until it returns.
-    """
-    buffer = bytearray(READ_SIZE)
-    view = memoryview(buffer)
-    try:
-        while True:
-            try:
-                size = os.readv(pump.fd, [buffer])
-            except BlockingIOError:
-                pump.parked = True
-                try:
-                    await anyio.wait_readable(pump.fd)
-                finally:
-                    pump.parked = False
-                continue
-            except OSError as exc:
-                if exc.errno == errno.EIO:  # a PTY master once every slave fd is closed
-                    break
-                raise
-            if not size:
-                break
-            await on_chunk(view[:size])
-    finally:
-        pump.eof = True
-        os.close(pump.fd)
-
-
-async def await_finish(watch: ChildWatch, pumps: list[Pump], drain_s: float) -> ExitInfo:
-    """Wait for the leader's exit, then for its output to be fully read (see module doc)."""
-    await watch.exited.wait()
-    deadline = anyio.current_time() + drain_s
-    delay = 0.001
-    while not all(p.eof for p in pumps):
-        if anyio.current_time() >= deadline and all(p.idle_and_empty() for p in pumps):
-            break
-        await anyio.sleep(delay)
-        delay = min(delay * 2, 0.01)
-    return watch.exit or ExitInfo(signal="SIGKILL")
 
 
 def exit_line(info: ExitInfo) -> bytes:
@@ -111,11 +40,16 @@ def exit_line(info: ExitInfo) -> bytes:
 
 
 class StdinWriter:
-    """Queued, non-blocking writes to a process's stdin pipe."""
+    """Queued, non-blocking writes to a process's stdin pipe.
+
+    ``closed``: no more input is taken (closed by the client, or the process's tree is gone);
+    ``closed_by_client``: a ``stdin/close`` was answered, so another one is a conflict.
+    """
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
         self.closed = fd is None
+        self.closed_by_client = False
         self.queued = 0
         self._queue: list[bytes] = []
         self._wake = anyio.Event()
@@ -230,14 +164,10 @@ class ManagedProcess:
             return None
         return group if group > 0 else None
 
-    def foreground(self) -> str | None:
+    def foreground(self) -> dict[str, Any] | None:
+        """The PTY's foreground job as ``{pid, cmd, args}`` (its group leader, guest pid)."""
         group = self.foreground_group()
-        if group is None:
-            return None
-        try:
-            return Path(f"/proc/{group}/comm").read_text().strip() or None
-        except OSError:
-            return None
+        return None if group is None else guest_command(group)
 
     def resize(self, rows: int, cols: int) -> None:
         assert self.pty_fd is not None
@@ -315,8 +245,14 @@ async def run_exec(
     stdin: bytes,
     settings: Settings,
     on_output: Callable[[str, bytes], Awaitable[None]],
+    *,
+    until_eof: bool = False,
 ) -> ExitInfo:
-    """Drive one spawned exec: write stdin then close it, stream output, wait for the exit."""
+    """Drive one spawned exec: write stdin then close it, stream output, wait for the exit.
+
+    ``until_eof``: finish only when both pipes reach EOF (a background child holding stdout
+    keeps the exec going), else ``exit_drain_ms`` after the leader's exit, as processes do.
+    """
     writer = StdinWriter(fds[0])
     if stdin:
         writer.push(stdin)
@@ -335,6 +271,7 @@ async def run_exec(
         tg.start_soon(writer.run)
         tg.start_soon(run_pump, pumps[0], sink("stdout"))
         tg.start_soon(run_pump, pumps[1], sink("stderr"))
-        info = await await_finish(watch, pumps, settings.exit_drain_ms / 1000)
+        drain = None if until_eof else settings.exit_drain_ms / 1000
+        info = await await_finish(watch, pumps, drain)
         tg.cancel_scope.cancel()
     return info

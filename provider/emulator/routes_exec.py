@@ -134,7 +134,9 @@ def _stream_exec(
 
         async with out:
             assert sandbox.guest is not None
-            info = await run_exec(sandbox.guest, fds, watch, payload, ctx.core.settings, forward)
+            info = await run_exec(
+                sandbox.guest, fds, watch, payload, ctx.core.settings, forward, until_eof=True
+            )
             for name, decoder in decoders.items():
                 tail = decoder.decode(b"", final=True)
                 if tail:

@@ -130,8 +130,12 @@ async def close_stdin(ctx: Ctx) -> Response:
     require_running(sandbox)
     if process.kind == "pty":
         raise conflict("stdin/close is for pipe processes")
-    if process.stdin.closed:
+    # Closing the stdin of a process that already ended succeeds (the official Python SDK's
+    # managed_process example closes right after its input, racing the exit); only a second
+    # close by the client is a conflict.
+    if process.stdin.closed_by_client:
         raise conflict("stdin is already closed")
+    process.stdin.closed_by_client = True
     process.stdin.close()
     return ok({"ok": True})
 

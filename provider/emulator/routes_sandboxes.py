@@ -71,7 +71,7 @@ async def create(ctx: Ctx) -> Response:
     sandbox = core.new_sandbox(spec, ctx.owner)
     if core.settings.create_mode == "async":
         core.start_soon(lambda: _boot_later(ctx, sandbox))
-        return ok(sandbox.create_view())
+        return _created(ctx, sandbox)
     try:
         await core.boot(sandbox)
     except ImageError as exc:
@@ -84,7 +84,36 @@ async def create(ctx: Ctx) -> Response:
     await anyio.sleep(core.settings.create_delay_ms / 1000)
     if sandbox.status == "creating":
         sandbox.mark_running()
-    return ok(sandbox.create_view())
+    return _created(ctx, sandbox)
+
+
+# The create answer the TS SDK describes (its CreateSandboxResponse): no ``status`` and none of
+# the other view-only fields.
+CREATE_RESPONSE_FIELDS = frozenset(
+    [
+        "id",
+        "name",
+        "ip",
+        "shape",
+        "rootfs",
+        "vcpu",
+        "mem_mib",
+        "disk_mib",
+        "spawn_ms",
+        "egress",
+        "bandwidth_quota_bytes",
+        "ingress_url_template",
+    ]
+)
+
+
+def _created(ctx: Ctx, sandbox: Sandbox) -> Response:
+    """The create answer: the full view, or with ``create_omits_status`` the TS SDK's body (a
+    client then has to read the status itself)."""
+    view = sandbox.create_view()
+    if ctx.core.settings.create_omits_status:
+        view = {name: value for name, value in view.items() if name in CREATE_RESPONSE_FIELDS}
+    return ok(view)
 
 
 async def _boot_later(ctx: Ctx, sandbox: Sandbox) -> None:

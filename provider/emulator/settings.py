@@ -17,6 +17,7 @@ class Settings:
     """Every knob with its default; names are part of the admin interface."""
 
     create_mode: str = "sync"
+    create_omits_status: bool = False  # create answers the TS SDK's body (no status, no view field)
     create_delay_ms: int = 0
     pause_delay_ms: int = 200
     resume_delay_ms: int = 100

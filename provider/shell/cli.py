@@ -10,25 +10,18 @@ once they pass.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Final, NoReturn
+from typing import Final
+
+from provider.cli_args import Refused as _Refused
+from provider.cli_args import RefusingParser as _Parser
 
 EXIT_USAGE: Final = 2
 EXIT_INTERRUPTED: Final = 130
 PROG: Final = "python3 -m provider shell"
 KEY_ENV: Final = "CREATEOS_API_KEY"  # provider.config.API_KEY_ENV, without importing pydantic
-
-
-class _Refused(Exception):
-    """An argument error: argparse's message, turned into a return value."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Refused(message)
 
 
 def _parser() -> _Parser:
@@ -44,9 +37,9 @@ def _parser() -> _Parser:
     parser.add_argument(
         "--api-url",
         default=None,
-        metavar="ORIGIN",
-        help="the CreateOS API origin (default https://api.sb.createos.sh; http only for "
-        "localhost, 127.0.0.1 or [::1])",
+        metavar="URL",
+        help="the CreateOS API URL: an origin, optionally with a gateway's path prefix "
+        "(default https://api.sb.createos.sh; http only for localhost, 127.0.0.1 or [::1])",
     )
     parser.add_argument("sandbox_id", metavar="SANDBOX_ID", help="the sandbox to open a shell in")
     return parser

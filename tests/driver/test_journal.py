@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pwd
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import pytest
 from provider.createos.client import CreateOSClient
 from provider.driver import journal as journal_module
 from provider.driver import owners as owners_module
-from provider.driver.journal import LeaseJournal, default_state_dir, open_journal, state_dirs
+from provider.driver.journal import LeaseJournal
 from provider.driver.owners import (
     ABANDONED,
     Owner,
@@ -200,31 +199,6 @@ def test_proc_stat_parsing_splits_at_the_last_parenthesis() -> None:
     for malformed in ["", "4242 (x", "4242 x) S 1 2 3", "4242 (x) S 1 2", f"4242 (x) SS {fields}"]:
         assert parse_proc_stat(malformed) is None
     assert parse_proc_stat(f"4242 (x) {' '.join(rest[:19])} ticks 23") is None
-
-
-def test_state_folder_location() -> None:
-    package_state = Path(journal_module.__file__).resolve().parents[2] / ".state"
-    assert state_dirs({"XDG_STATE_HOME": "/srv/state", "HOME": "/home/op"}) == [
-        Path("/srv/state/paperclip-createos"),
-        Path("/home/op/.local/state/paperclip-createos"),
-        package_state,
-    ]
-    # No HOME (the host gives the worker none): the account's home, outside the package folder
-    # that an upgrade replaces.
-    account_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
-    assert default_state_dir({}) == account_home / ".local/state/paperclip-createos"
-    assert default_state_dir({"XDG_STATE_HOME": "relative", "HOME": "/h"}) == Path(
-        "/h/.local/state/paperclip-createos"
-    )
-
-
-def test_the_journal_falls_back_to_the_next_writable_folder(tmp_path: Path) -> None:
-    blocked = tmp_path / "blocked"
-    blocked.write_text("a file where a folder should be")
-    journal = open_journal({"XDG_STATE_HOME": str(blocked), "HOME": str(tmp_path / "home")})
-    assert journal.path == tmp_path / "home/.local/state/paperclip-createos/leases.sqlite3"
-    assert journal.path.exists()
-    journal.close()
 
 
 def test_orphans_exclude_entries_of_live_workers(tmp_path: Path) -> None:

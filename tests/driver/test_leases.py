@@ -222,7 +222,7 @@ async def test_waiting_for_a_state_already_reached_only_reads(harness: Harness) 
 
 async def test_acquire_workspace_failure_deletes_the_sandbox(harness: Harness) -> None:
     h = harness
-    await h.emulator.admin.add_fault("POST", r"/exec$", status=503)
+    await h.emulator.admin.add_fault("POST", r"/exec$", status=503, times=3)  # retries spent
     with pytest.raises(ProviderError, match="503"):
         await h.acquire()
     assert await live_sandboxes(h) == []
@@ -230,7 +230,7 @@ async def test_acquire_workspace_failure_deletes_the_sandbox(harness: Harness) -
 
 async def test_acquire_warns_when_cleanup_also_fails(harness: Harness) -> None:
     h = harness
-    await h.emulator.admin.add_fault("POST", r"/exec$", status=503)
+    await h.emulator.admin.add_fault("POST", r"/exec$", status=503, times=3)  # retries spent
     await h.emulator.admin.add_fault("DELETE", r"^/v1/sandboxes/[^/]+$", times=10, status=500)
     with pytest.raises(CleanupUnconfirmed, match=r"left behind") as caught:
         await h.acquire()
@@ -322,11 +322,13 @@ async def test_probe_reports_failure_and_still_deletes(harness: Harness) -> None
     result = await harness.methods.probe(harness.call())
     assert result["ok"] is False and "400" in result["summary"]
     assert await live_sandboxes(harness) == []
+    assert harness.logs == [("warn", f"environmentProbe: {result['summary']}")]
 
 
 async def test_probe_with_bad_config_answers_not_ok(harness: Harness) -> None:
     result = await harness.methods.probe(harness.call(shape=""))
     assert result["ok"] is False and "shape" in result["summary"]
+    assert harness.logs == [("warn", f"environmentProbe: {result['summary']}")]
 
 
 async def test_probe_fails_loudly_when_its_sandbox_cannot_be_deleted(harness: Harness) -> None:

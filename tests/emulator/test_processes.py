@@ -146,6 +146,19 @@ async def test_input_and_stdin_close(emulator: Emulator) -> None:
         assert frames[-1] == {"type": "exit", "exit_code": 0}
 
 
+async def test_stdin_close_after_the_process_ended_succeeds_once(emulator: Emulator) -> None:
+    # The official Python SDK's managed_process example writes a line, then closes stdin; the
+    # process may have read it and ended (tree gone) before the close arrives.
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        proc = await start_process(client, sandbox_id, "echo done")
+        url = proc_url(sandbox_id, proc["process_id"])
+        ended = data(await client.get(f"{url}/wait", params={"scope": "tree"}))
+        assert ended["tree_exited"] is True
+        assert data(await client.post(f"{url}/stdin/close")) == {"ok": True}
+        assert (await client.post(f"{url}/stdin/close")).status_code == 409
+
+
 async def test_signal_reaches_the_group(emulator: Emulator) -> None:
     async with api(emulator) as client:
         sandbox_id = await create_sandbox(client)
@@ -436,7 +449,14 @@ async def test_pty_process_terminal_resize_and_foreground_signal(emulator: Emula
         text = payload(frames).replace(b"\r", b"")
         assert b"is-a-tty\n30 100\n" in text and b"got:hi" in text
         assert all(f["stream"] == "pty" for f in frames if f["type"] == "data")
-        assert view["foreground"] in ("bash", "sleep")
+        # The foreground job is the leader's group (no job control in bash -c), as the guest
+        # sees it: its pid there and its argv (bash, or the sleep it execs as its last command).
+        foreground = view["foreground"]
+        assert foreground["pid"] == proc["pid"]
+        assert (foreground["cmd"], foreground["args"]) in (
+            ("/bin/bash", proc["args"]),
+            ("sleep", ["100"]),
+        )
         assert data(await client.post(f"{url}/resize", json={"rows": 40, "cols": 120}))["ok"]
         assert (await client.post(f"{url}/resize", json={"rows": 0, "cols": 1})).status_code == 400
         assert (await client.post(f"{url}/stdin/close")).status_code == 409

@@ -167,6 +167,7 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 os.setpgid(0, 0)
 os.tcsetpgrp(0, os.getpid())
+open("/tmp/fg.pid", "w").write(str(os.getpid()))
 print("foreground", flush=True)
 time.sleep(100)
 """
@@ -183,7 +184,12 @@ async def test_pty_signal_hits_the_foreground_group(emulator: Emulator) -> None:
         async with screen(client, sandbox_id, pid) as term:
             await term.until(b"foreground\n")
             view = data(await client.get(proc_url(sandbox_id, pid)))
-            assert view["foreground"].startswith("python")
+            fg_pid = int((await sh(client, sandbox_id, "cat /tmp/fg.pid"))["stdout"])
+            assert view["foreground"] == {
+                "pid": fg_pid,
+                "cmd": "python3",
+                "args": ["-c", TAKE_TERMINAL],
+            }
             sent = await client.post(
                 proc_url(sandbox_id, pid, "/signal"), json={"signal": "SIGINT"}
             )

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from provider.emulator import Emulator
+from provider.emulator.routes_sandboxes import CREATE_RESPONSE_FIELDS
 
 from .helpers import api, create_sandbox, data, sh, wait_status, wait_status_quietly
 
@@ -165,6 +166,21 @@ async def test_async_create_reports_creating_first(emulator: Emulator) -> None:
         assert busy.status_code == 409
         await wait_status(client, view["id"], "running")
         assert (await sh(client, view["id"], "echo ok"))["stdout"] == "ok\n"
+
+
+async def test_create_can_answer_without_status(emulator: Emulator) -> None:
+    await emulator.admin.settings(create_omits_status=True)
+    async with api(emulator) as client:
+        view = data(await client.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"}))
+        # The TS SDK's CreateSandboxResponse (ingress_url_template only with ingress on).
+        assert set(view) == CREATE_RESPONSE_FIELDS - {"ingress_url_template"}
+        assert "status" not in view and "created_at" not in view
+        assert view["shape"] == "s-1vcpu-1gb"
+        assert data(await client.get(f"/v1/sandboxes/{view['id']}"))["status"] == "running"
+        await client.post(f"/v1/sandboxes/{view['id']}/pause")
+        await wait_status(client, view["id"], "paused")
+        forked = data(await client.post(f"/v1/sandboxes/{view['id']}/fork"))
+        assert forked["status"] == "forking"  # the knob is about create only
 
 
 async def test_patch_auto_pause_and_egress(emulator: Emulator) -> None:

@@ -401,14 +401,16 @@ async def test_the_installed_package_serves_a_lease_under_the_host(
 
     # Nothing written in the plugins folder but bytecode caches inside both packages. The lease
     # journal lives in the account's home, which an upgrade leaves alone (the worker has no
-    # HOME: provider/driver/journal.py reads it from the password database).
+    # HOME: provider/driver/state_folder.py reads it from the password database), in the
+    # folder of this instance's plugin id.
     assert list(server.cwd.iterdir()) == []
     assert_installed_layout(installed)
     for new in sorted(tree(installed.prefix) - before):
         inside = new.parts[:2] in (("node_modules", MAIN), ("node_modules", RUNTIME))
         assert inside and "__pycache__" in new.parts, new
     assert (installed.package / "provider" / "__pycache__").is_dir()  # they were written
-    state = Path(pwd.getpwuid(os.getuid()).pw_dir, ".local/state/paperclip-createos")
+    root = Path(pwd.getpwuid(os.getuid()).pw_dir, ".local/state/paperclip-createos")
+    state = root / "instances" / server.peer.plugin_id
     written = [p.stat().st_mtime for p in state.glob("leases.sqlite3*")]
     assert written and max(written) >= started - 2, sorted(state.iterdir())
 

@@ -9,7 +9,8 @@ Where the worker's state goes: the manager builds the worker's environment as
 ``{...options.env, PATH, NODE_PATH, PAPERCLIP_PLUGIN_ID, NODE_ENV, TZ}`` (plugin-worker-manager.js
 ``spawnProcess``), so what a caller passes as ``env`` to ``startWorker`` does reach the worker; only
 the server's *own* environment is scrubbed. Each test passes its own ``XDG_STATE_HOME`` (the journal
-lands in ``<tmp>/state/paperclip-createos/leases.sqlite3``, never in a default folder) and its own
+lands in ``<tmp>/state/paperclip-createos/instances/<plugin id>/leases.sqlite3``, never in a
+default folder) and its own
 ``TMPDIR`` (the system temp folder of uploads, so other tests' transfers never show up in the
 leftover check). ``PAPERCLIP_CREATEOS_PACE_MS`` shortens request pacing the same way.
 """
@@ -32,7 +33,7 @@ import pytest
 from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import wait_until_gone
-from provider.driver.journal import state_dirs
+from provider.driver.state_folder import ENV_PLUGIN_ID, JOURNAL_NAME, instance_dir, state_roots
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 
@@ -70,7 +71,8 @@ class Rig:
 
     @property
     def journal_path(self) -> Path:
-        return self.state_home / "paperclip-createos" / "leases.sqlite3"
+        root = self.state_home / "paperclip-createos"
+        return instance_dir(root, {ENV_PLUGIN_ID: self.peer.plugin_id}) / JOURNAL_NAME
 
     async def start(self, *, auto_restart: bool) -> None:
         await self.peer.start_worker(env=self.worker_env, auto_restart=auto_restart)
@@ -148,19 +150,17 @@ def temp_leftovers(*folders: Path) -> list[Path]:
 
 
 def default_state_rows(api_url: str) -> int:
-    """Rows for this test's emulator in the journals of the default state folders (the
-    account's home, the checkout's .state): they must stay untouched."""
+    """Rows for this test's emulator in every journal of the default state roots (the
+    account's home, the checkout's .state; legacy and per-instance): they must stay untouched."""
     rows = 0
-    for folder in state_dirs({}):
-        path = folder / "leases.sqlite3"
-        if not path.exists():
-            continue
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            tables = ("processes", "creates", "unconfirmed")
-            rows += sum(
-                db.execute(f"SELECT count(*) FROM {t} WHERE api_url=?", (api_url,)).fetchone()[0]
-                for t in tables
-            )
+    for root in state_roots({}):
+        for path in [root / JOURNAL_NAME, *root.glob(f"instances/*/{JOURNAL_NAME}")]:
+            if not path.exists():
+                continue
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                for table in ("processes", "creates", "unconfirmed"):
+                    query = f"SELECT count(*) FROM {table} WHERE api_url=?"
+                    rows += db.execute(query, (api_url,)).fetchone()[0]
     return rows
 
 

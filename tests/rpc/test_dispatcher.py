@@ -7,14 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.errors import (
-    ConfigError,
-    InvalidParams,
-    OperationCancelled,
-    ProviderError,
-    RequestRefused,
-    TransferError,
-)
+from provider.errors import ConfigError, InvalidParams, ProviderError
 from provider.replies import AfterReply
 from provider.rpc import dispatcher as dispatcher_module
 from provider.rpc.dispatcher import Dispatcher
@@ -190,49 +183,16 @@ async def test_exceptions_map_to_json_rpc_errors_in_one_place(
     stderr = capsys.readouterr().err
     assert "RuntimeError" in stderr  # the traceback goes to stderr ...
     assert "k-999" not in stderr  # ... but params never do
-
-
-async def test_every_failed_request_is_logged_once_at_its_level_without_secrets() -> None:
-    async def refused(params: dict[str, Any]) -> None:
-        raise RequestRefused("the lease is closing")
-
-    async def cancelled(params: dict[str, Any]) -> None:
-        raise OperationCancelled("cancelled by a release")
-
-    async def failed(params: dict[str, Any]) -> None:
-        raise TransferError("Installing into /t failed on the host: Not a directory (/t/a)")
-
-    async def crash(params: dict[str, Any]) -> None:
-        raise RuntimeError("secret-token-123 leaked into an exception")
-
-    methods = {
-        "environmentAcquireLease": refused,
-        "environmentExecute": cancelled,
-        "environmentSyncOut": failed,
-        "environmentSyncIn": crash,
-        "environmentProbe": _echo,
-    }
-    async with serving(Dispatcher(methods)) as host:
-        await host.initialize()
-        for method in [*methods, "environmentProbe"]:
-            await host.request(method, {"config": {"apiKey": "k-999"}})
-    logs = [n["params"] for n in host.notifications if n["method"] == "log"]
-    assert logs == [
-        {"level": "warn", "message": "environmentAcquireLease: the lease is closing"},
-        {"level": "warn", "message": "environmentExecute: cancelled by a release"},
+    # Each failure is logged once, with the reply's public text: warn for a caller's mistake.
+    assert [n["params"] for n in host.notifications if n["method"] == "log"] == [
         {
-            "level": "error",
-            "message": "environmentSyncOut: "
-            "Installing into /t failed on the host: Not a directory (/t/a)",
+            "level": "warn",
+            "message": "environmentAcquireLease: lease.providerLeaseId must be a string",
         },
-        {
-            "level": "error",
-            "message": "environmentSyncIn: environmentSyncIn failed: internal worker error "
-            "(details in the worker log)",
-        },
+        {"level": "warn", "message": "environmentValidateConfig: shape is required: set it"},
+        {"level": "error", "message": "environmentSyncIn: sandbox is closing"},
+        {"level": "error", "message": f"environmentExecute: {crashed['error']['message']}"},
     ]
-    assert "k-999" not in str(logs)
-    assert "secret-token-123" not in str(logs)
 
 
 async def test_unencodable_result_becomes_an_error_reply() -> None:
