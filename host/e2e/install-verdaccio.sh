@@ -20,21 +20,9 @@ installed() {
   [[ -f "${stamp}" && "$(cat "${stamp}")" == "${STAMP_TEXT}" && -f "${bin_js}" ]]
 }
 
-if installed; then
-  echo "${bin_js}"
-  exit 0
-fi
-
-command -v npm >/dev/null || { echo "install-verdaccio: npm is not on PATH" >&2; exit 1; }
-command -v flock >/dev/null || { echo "install-verdaccio: flock (util-linux) is missing" >&2; exit 1; }
-
-mkdir -p "$(dirname "${cache_dir}")"
-exec 9>"${cache_dir}.lock"
-flock 9
-if installed; then  # another run finished while we waited for the lock
-  echo "${bin_js}"
-  exit 0
-fi
+# shellcheck source=cache-lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cache-lock.sh"
+cache_lock install-verdaccio "${cache_dir}" "${bin_js}"
 
 rm -rf "${cache_dir}"
 mkdir -p "${cache_dir}"
