@@ -32,15 +32,8 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.agent_heartbeat import (
-    STUB_COMMAND,
-    STUB_FILE,
-    STUB_IMAGE,
-    AgentSite,
-    agent_server_env,
-    scratch_root,
-    stage_stub_image,
-)
+from provider.devtools import agent_heartbeat as agents
+from provider.devtools.agent_heartbeat import AgentSite
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.procfs import cmdline, wait_until_gone
@@ -147,7 +140,7 @@ async def _heartbeat_syncs_back(
         site = await AgentSite.create(server, client, "Registry Co")
         config = {"apiUrl": emu.base_url, "apiKey": api_key, "shape": "s-1vcpu-1gb"}
         environment_id = await site.createos_environment(
-            "createos-pkg", {**config, "rootfs": STUB_IMAGE}
+            "createos-pkg", {**config, "rootfs": agents.STUB_IMAGE}
         )
         started = time.monotonic()
         probe = (await server.cli("environment", "probe", environment_id, "--json")).json()
@@ -156,7 +149,7 @@ async def _heartbeat_syncs_back(
 
         quiet = {"PAPERCLIP_STUB_PAUSE": "0"}
         good = await site.agent(
-            "good", STUB_COMMAND, environment_id=environment_id,
+            "good", agents.STUB_COMMAND, environment_id=environment_id,
             env={**quiet, "PAPERCLIP_STUB_SCRIPT": site_.GOOD_SCRIPT},
         )  # fmt: skip
         run = await site.heartbeat(good)
@@ -164,11 +157,11 @@ async def _heartbeat_syncs_back(
         assert run.status == "succeeded", run.error
         await _settled(site, environment_id)
         workspace = site.workspace(good)
-        assert (workspace / STUB_FILE).read_text().startswith("heartbeat 1 ran in ")
+        assert (workspace / agents.STUB_FILE).read_text().startswith("heartbeat 1 ran in ")
         assert site_.tree_of(workspace) == site_.EXPECTED_TREE
 
         hostile = await site.agent(
-            "hostile", STUB_COMMAND, environment_id=environment_id,
+            "hostile", agents.STUB_COMMAND, environment_id=environment_id,
             env={**quiet, "PAPERCLIP_STUB_SCRIPT": site_.HOSTILE_SCRIPT},
         )  # fmt: skip
         refused = await site.heartbeat(hostile)
@@ -177,7 +170,7 @@ async def _heartbeat_syncs_back(
         assert refused.status == "failed"
         kept = site.workspace(hostile)
         assert not (kept / "escape").is_symlink() and not (kept / "beside-it").exists()
-        assert not (kept / STUB_FILE).exists(), "nothing of a refused archive is written"
+        assert not (kept / agents.STUB_FILE).exists(), "nothing of a refused archive is written"
         logged = refused.error + refused.stdout() + server.log_text()
         assert "the archive from the sandbox was refused" in logged, refused.error
 
@@ -205,7 +198,7 @@ async def install_by_name(python: Path) -> dict[str, float]:
         host_dir = await ensure_host_installed()
         await ensure_verdaccio_installed()
     node_dir = host_dir / "node24" / "bin"
-    root = scratch_root("paperclip-registry-e2e-")
+    root = agents.scratch_root("paperclip-registry-e2e-")
     api_key = f"emu-key-{secrets.token_hex(8)}"
     timings: dict[str, float] = {}
     try:
@@ -213,13 +206,13 @@ async def install_by_name(python: Path) -> dict[str, float]:
         # python3 first: the shim takes the first on PATH; the rest as for every e2e server.
         first = [site_.python_bin(root / "python-bin", python), node_dir]
         path = os.pathsep.join([*map(str, first), os.environ.get("PATH", "/usr/bin:/bin")])
-        server_env = agent_server_env(root) | {"PATH": path}
+        server_env = agents.agent_server_env(root) | {"PATH": path}
         with anyio.fail_after(SCENARIO_BUDGET_S):
             async with running_verdaccio(root / "registry", node_dir / "node") as registry:
                 token = await registry.add_user("publisher")
                 published = await site_.publish(root / "dist", registry.url, token, node_dir)
                 assert published.index(RUNTIME) < published.index(f"published {MAIN}-")
-                images = {STUB_IMAGE: stage_stub_image(root)}
+                images = {agents.STUB_IMAGE: agents.stage_stub_image(root)}
                 async with EmulatorProcess(root / "emulator", api_key, images=images) as emu:
                     async with PaperclipServer(
                         root / "paperclip", secrets=[api_key, token], extra_env=server_env
