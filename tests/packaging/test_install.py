@@ -2,7 +2,7 @@
 
 `make package` builds them (the session's `built` fixture, tests/packaging/conftest.py); each
 install runs `npm install <name>@<tgz> <runtime tgz> --prefix <dir> --save --ignore-scripts`
-(the host's flags, docs in /work/shared/spec/packaging.md) plus `--offline --no-audit --no-fund`
+(the host's flags) plus `--offline --no-audit --no-fund`
 so that nothing is asked of the registry (npm then leaves out the runtime packages of the other
 platforms, which it would skip anyway). The INSTALLED shim is started through the real
 `startWorker` (host/peer-driver.mjs): the manager forks it with its scrubbed environment (PATH,
