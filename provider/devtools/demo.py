@@ -98,7 +98,7 @@ def _read_key(key_file: Path | None) -> str:
         raise UsageError(f"--api-url needs a key: set {KEY_VARIABLE} or pass --api-key-file")
     if not is_key_text(key):
         where = "--api-key-file" if key_file is not None else KEY_VARIABLE
-        raise UsageError(f"{where} holds spaces, control or non-ASCII characters: give the key alone")
+        raise UsageError(f"{where} holds spaces, control or non-ASCII characters: give the key")
     return key
 
 

@@ -35,7 +35,9 @@ async def test_validate_probe_and_acquire_refuse_the_key_by_name(
 ) -> None:
     validated = validate_config(harness.config(apiKey=key))
     assert validated["ok"] is False
-    (message,) = validated["errors"]
+    errors = validated["errors"]
+    assert isinstance(errors, list) and len(errors) == 1
+    message = errors[0]
     assert isinstance(message, str) and message.startswith("apiKey ")
     assert "printable ASCII" in message
     assert "SECRET" not in json.dumps(validated)
