@@ -95,7 +95,7 @@ def to_json(value: Any) -> str:
 def read_all(fd: int) -> bytes:
     """The whole content of a memfd, from its start."""
     os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:
