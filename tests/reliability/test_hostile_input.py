@@ -356,14 +356,15 @@ async def test_oversized_command_lines_fail_cleanly_and_leave_the_lease_usable(r
     assert big["stdout"] == "1 100000"
     many = await rig.execute(command="bash", args=["-c", count, "argv0", *["a"] * 20_000])
     assert many["stdout"] == "20000 1"
-    # Past what one argv string (128 KiB) or a process request may carry: the API refuses the
-    # process (HTTP 400/413), a definite rejection: an ordinary error, no process, no poison.
+    # Past what the one bash argument a command travels in may carry (131,071 bytes): refused
+    # before any request, naming the largest input; no process, no poison.
     for args, env in [
         (["x" * 200_000], {}),
         (["x" * (1 << 20)], {}),
         (["x" * 100_000] * 15, {}),
         ([], {"BIG": "x" * 200_000}),
     ]:
+        before = await rig.request_count()
         response = await rig.call(
             "environmentExecute",
             {
@@ -375,9 +376,11 @@ async def test_oversized_command_lines_fail_cleanly_and_leave_the_lease_usable(r
                 "stdin": "staged input",
             },
         )
-        assert response["error"]["code"] == WORKER_ERROR, response
+        assert response["error"]["code"] == INVALID_PARAMS, response
         message = response["error"]["message"]
-        assert "xxxx" not in message and len(message) < 300
+        assert "xxxx" not in message and len(message) < 400
+        assert "at most 131,071" in message and ("args[3]" in message or "BIG" in message)
+        assert await rig.request_count() == before
         assert await rig.live_trees() == []
     # Not poisoned, and nothing staged for stdin was left behind.
     scratch = await rig.execute(command="bash", args=["-c", "ls -a /tmp"])
