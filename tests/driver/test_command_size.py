@@ -134,3 +134,14 @@ async def test_an_oversized_exclusion_list_or_post_upload_command_is_refused_bef
         },
     )
     assert placed["operations"][0]["filesTransferred"] == 1  # the lease is not poisoned
+
+
+async def test_arg_max_never_binds_once_the_argument_fits(harness: Harness) -> None:
+    """The most arguments that fit (empty ones: three bytes each, quoted) start: argv with its
+    8-byte pointers stays far under ARG_MAX (2 MiB), so the argument is the only bound."""
+    h = harness
+    lease = await h.acquire()
+    base = utf8_size(build_command(CommandSpec("bash", ["-c", 'echo "$#"', "argv0"])).script)
+    count = (MAX_SCRIPT_BYTES - base) // 3
+    ran = await execute(h, lease, command="bash", args=["-c", 'echo "$#"', "argv0", *[""] * count])
+    assert ran["stdout"] == f"{count}\n", ran
