@@ -128,7 +128,8 @@ def test_the_real_worker_answers_such_a_line_under_its_id() -> None:
         timeout=60,
         check=True,
     ).stdout
-    replies = [json.loads(line) for line in out.splitlines()]
+    lines = [json.loads(line) for line in out.splitlines()]
+    replies = [message for message in lines if "id" in message]  # not the log notifications
     assert [r["id"] for r in replies] == [1, 2]
     assert replies[1]["error"]["code"] == INVALID_PARAMS
     assert "params.config.apiKey holds a lone UTF-16 surrogate" in replies[1]["error"]["message"]
