@@ -7,7 +7,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
 .PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo demo-agent bench \
-	package package-lock
+	package package-lock publish
 
 ## setup: venv + editable install with dev extras, bubblewrap (for the emulator), real-host peer
 setup: python-deps bubblewrap peer
@@ -72,6 +72,7 @@ package-lock: $(PY)
 bench: setup
 	$(PY) bench/cold_start.py
 	$(PY) bench/package_start.py
+	$(PY) bench/package_install.py
 	$(PY) bench/emulator_latency.py
 	$(PY) bench/emulator_stream.py
 	$(PY) bench/execute_relay.py
@@ -83,3 +84,9 @@ bench: setup
 	$(PY) bench/duplex.py
 	$(PY) bench/heartbeat.py
 	$(PY) bench/template_acquire.py
+
+## publish: a dry run (npm's --dry-run) of every package `make package` built into dist/; with
+## REGISTRY=<url> a real publish there, the token read from $NPM_TOKEN (never printed), runtime
+## packages first; stops at the first failure and says which were published
+publish: $(PY)
+	$(PY) packaging/publish.py $(if $(REGISTRY),--registry '$(REGISTRY)')

@@ -70,9 +70,9 @@ function plan() {
     if (python === null) {
       return {
         missing:
-          "no Python found: the worker needs Python 3.11 or newer as python3 on the Paperclip " +
-          "server's PATH (3.11 to 3.14 are shipped); install it, or run the plugin from a " +
-          "source checkout after `make setup`",
+          "no Python found: the worker needs CPython 3.11 or newer (3.11 to 3.14 are shipped) " +
+          "as python3 on the Paperclip server's PATH; install it on the server, then restart " +
+          "the server or enable the plugin again",
       };
     }
     const key = platformKey();
@@ -87,7 +87,7 @@ function plan() {
     return {
       missing:
         "no Python found (looked for .venv/bin/python in the plugin folder and python3 on " +
-        "PATH): run `make setup` in the plugin folder",
+        "PATH): this is a source checkout, set it up as its README's development section says",
     };
   }
   return { python, args: ["-m", "provider"], env: {} };

@@ -26,9 +26,15 @@ if MYPY:  # type comments only: this file must parse on Pythons without annotati
 
 NAME = "paperclip-plugin-createos"
 MINIMUM = (3, 11)
+# What an operator can do on the server. Developer hints (a source checkout) live in the README.
 FIX = (
-    "install Python 3.11 or newer (3.11 to 3.14 are shipped) as python3 on the Paperclip "
-    "server's PATH, or run the plugin from a source checkout after `make setup`"
+    "install CPython 3.11 or newer (3.11 to 3.14 are shipped) on the Paperclip server as "
+    "python3 on the server's PATH, then restart the server or enable the plugin again"
+)
+REINSTALL = (
+    "reinstall the plugin by name (paperclipai plugin uninstall, then plugin install) with npm's "
+    "optional dependencies on (no --omit=optional, no omit=optional in the npm config), then "
+    "restart the server or enable the plugin again"
 )
 SHIPPED = ("linux-x64-gnu", "linux-arm64-gnu", "linux-x64-musl", "darwin-arm64", "darwin-x64")
 EXIT_UNUSABLE = 78  # EX_CONFIG: the host's environment cannot run this worker
@@ -81,13 +87,12 @@ def main():
         if platform in SHIPPED:
             fail(
                 "the runtime package paperclip-createos-runtime-%s is not installed beside the "
-                "plugin (npm leaves optional dependencies out with --omit=optional): reinstall "
-                "the plugin with optional dependencies, or run it from a source checkout after "
-                "`make setup`." % platform
+                "plugin (npm leaves optional dependencies out with --omit=optional): %s."
+                % (platform, REINSTALL)
             )
         fail(
-            "this platform (%s) has no shipped runtime (shipped: %s); run the plugin from a "
-            "source checkout after `make setup`." % (platform, ", ".join(SHIPPED))
+            "this platform (%s) has no shipped runtime (shipped: %s): run the Paperclip server "
+            "on one of those platforms." % (platform, ", ".join(SHIPPED))
         )
     tag = "cp%d%d" % (version[0], version[1])
     compiled = os.path.join(runtime, tag)
@@ -103,8 +108,8 @@ def main():
         import pydantic_core  # noqa: F401
     except ImportError as exc:
         fail(
-            "the runtime for %s and Python %s does not load on this machine (%s); %s."
-            % (platform, found, exc, FIX)
+            "the runtime for %s and Python %s does not load on this machine (%s): %s."
+            % (platform, found, exc, REINSTALL)
         )
     import runpy
 

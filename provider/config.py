@@ -7,12 +7,9 @@ field and the fix; no message ever repeats the API key or the given URL.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +22,8 @@ from provider.config_fields import (
     snapshot,
     text_field,
 )
+from provider.config_url import LOOPBACK_HOSTS as LOOPBACK_HOSTS
+from provider.config_url import normalize_api_url as normalize_api_url
 from provider.errors import ConfigError
 
 DEFAULT_API_URL: Final = "https://api.sb.createos.sh"
@@ -57,12 +56,6 @@ KNOWN_SHAPES: Final[tuple[str, ...]] = (
     "s-8vcpu-16gb",
 )
 
-LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
-_ACCEPTED_URL_FORM: Final = (
-    "use https://<host>[:port] (http:// only for localhost, 127.0.0.1 or [::1]), "
-    "with no user or password, no query or fragment, and no path other than /v1"
-)
-_HOST_NAME_RE: Final = re.compile(r"[a-z0-9_][a-z0-9._-]*")
 _TEXT_FIELDS: Final = ("apiUrl", "apiKey", "shape", "rootfs", "region")
 
 
@@ -102,56 +95,6 @@ class EnvironmentConfig(BaseModel):
             "rootfsByAdapter": dict(self.rootfs_by_adapter),
             "snapshot": self.snapshot,
         }
-
-
-def normalize_api_url(url: str) -> str:
-    """Reduce an accepted API URL to its origin (``scheme://host[:port]``, no trailing slash)."""
-
-    def refuse(reason: str) -> ConfigError:
-        return ConfigError(
-            f"apiUrl is not accepted ({reason}): {_ACCEPTED_URL_FORM}", field="apiUrl"
-        )
-
-    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
-        raise refuse("it contains whitespace or control characters")
-    if not url.isascii():
-        raise refuse("it contains non-ASCII characters")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise refuse("the host or port is malformed") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        raise refuse("the scheme must be https")
-    if "@" in parts.netloc:
-        raise refuse("credentials are not allowed in the URL")
-    if parts.query or parts.fragment:
-        raise refuse("a query or fragment is not allowed")
-    if parts.path not in ("", "/", "/v1", "/v1/"):
-        raise refuse("the only path allowed is /v1")
-    if parts.netloc.endswith(":") or port == 0:
-        raise refuse("the port must be a number from 1 to 65535")
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise refuse("the host is missing")
-    if parts.netloc.startswith("["):
-        try:
-            if "%" in host:  # zone ids name a local interface: never an API origin
-                raise ValueError(host)
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise refuse("the IPv6 address is malformed") from None
-        host_text = f"[{host}]"
-    elif _HOST_NAME_RE.fullmatch(host):
-        host_text = host
-    else:
-        raise refuse("the host name is malformed")
-    if scheme == "http" and host not in LOOPBACK_HOSTS:
-        raise refuse("http is only allowed for localhost, 127.0.0.1 or [::1]")
-    default_port = 443 if scheme == "https" else 80
-    port_text = "" if port is None or port == default_port else f":{port}"
-    return f"{scheme}://{host_text}{port_text}"
 
 
 _TIMEOUT_MS: Final = IntegerField(
@@ -203,6 +146,9 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
         except ConfigError as exc:
             errors.append(exc)
             texts[field] = None
+    if texts["apiKey"] is not None and not is_key_text(texts["apiKey"]):
+        errors.append(ConfigError(_KEY_CHARACTERS.format(where="apiKey"), field="apiKey"))
+        texts["apiKey"] = None
     shape = texts["shape"]
     if shape is None and not any(e.field == "shape" for e in errors):
         errors.append(
@@ -306,8 +252,16 @@ def validate_config(raw: object) -> dict[str, object]:
     return result
 
 
-def _usable_key(key: str) -> bool:
-    return bool(key) and not any(ch in key for ch in "\r\n\x00")
+_KEY_CHARACTERS: Final = (
+    "{where} holds a space, a control character or a non-ASCII character (a CreateOS API key is "
+    "printable ASCII, sent as the X-Api-Key header): paste the key alone, as CreateOS issued it"
+)
+
+
+def is_key_text(key: str) -> bool:
+    """True for a non-empty key of visible ASCII only (``!`` to ``~``): what an HTTP header can
+    carry unchanged. Anything else would fail to encode (non-ASCII) or split the header."""
+    return bool(key) and all(0x21 <= ord(ch) <= 0x7E for ch in key)
 
 
 def resolve_api_key(config: EnvironmentConfig, environ: Mapping[str, str] | None = None) -> str:
@@ -323,10 +277,13 @@ def resolve_api_key(config: EnvironmentConfig, environ: Mapping[str, str] | None
             f"the environment config ({API_KEY_ENV} is honoured for the official endpoint only)",
             field="apiKey",
         )
-    if not _usable_key(key):
+    if not key:
         raise ConfigError(
             f"no usable CreateOS API key: set apiKey in the environment config or provide "
             f"{API_KEY_ENV} to the worker (the key must be non-empty, on one line)",
             field="apiKey",
         )
+    if not is_key_text(key):
+        where = "apiKey" if config.api_key is not None else f"the worker's {API_KEY_ENV}"
+        raise ConfigError(_KEY_CHARACTERS.format(where=where), field="apiKey")
     return key

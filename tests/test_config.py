@@ -45,10 +45,21 @@ SECRET = "sk-live-SECRET-123"
         ("https://[2001:DB8::1]/v1", "https://[2001:db8::1]"),
         ("https://h.example/?", "https://h.example"),
         ("https://h.example#", "https://h.example"),
+        # A gateway's path prefix is kept (both official SDKs keep one), /v1 and "/" dropped.
+        ("https://gw.example.com/createos", "https://gw.example.com/createos"),
+        ("https://GW.example.com:443/createos/v1", "https://gw.example.com/createos"),
+        ("https://gw.example.com/createos/v1/", "https://gw.example.com/createos"),
+        (
+            "https://gw.example.com/Team_A/sandbox-api.v2~x/",
+            "https://gw.example.com/Team_A/sandbox-api.v2~x",
+        ),
+        ("http://127.0.0.1:8790/api/v1", "http://127.0.0.1:8790/api"),
+        ("https://h.example/other", "https://h.example/other"),
     ],
 )
-def test_api_url_is_reduced_to_its_origin(given: str, origin: str) -> None:
+def test_api_url_is_reduced_to_its_origin_and_path_prefix(given: str, origin: str) -> None:
     assert normalize_api_url(given) == origin
+    assert normalize_api_url(origin) == origin  # normalized once is normalized for good
 
 
 @pytest.mark.parametrize(
@@ -62,9 +73,17 @@ def test_api_url_is_reduced_to_its_origin(given: str, origin: str) -> None:
         "http://127.1:8790",  # IPv4 shorthand is not treated as loopback
         "http://127.0.0.2",
         "file:///var/run/x.sock",
-        "https://h.example/other",
         "https://h.example/v1/sandboxes",
         "https://h.example/V1",
+        "https://h.example/v1/v1",
+        "https://h.example//createos",
+        "https://h.example/createos//",
+        "https://h.example/a/../b",
+        "https://h.example/./createos",
+        "https://h.example/create%20os",
+        "https://h.example/create;os",
+        "https://h.example/" + "p" * 200,
+        "http://remote.example/createos",
         "ftp://h.example",
         "h.example",
         "https://",
@@ -376,7 +395,8 @@ def test_any_other_origin_without_a_config_key_is_refused_naming_the_fix(api_url
 
 @pytest.mark.parametrize("env", [{}, {"CREATEOS_API_KEY": "   "}, {"CREATEOS_API_KEY": "a\x00b"}])
 def test_missing_or_unusable_env_key_is_refused(env: dict[str, str]) -> None:
-    with pytest.raises(ConfigError, match="set apiKey in the environment config or provide"):
+    fix = "set apiKey in the environment config or provide|CREATEOS_API_KEY holds a space"
+    with pytest.raises(ConfigError, match=fix):
         resolve_api_key(parse_config({"shape": "s-1vcpu-1gb"}), env)
 
 

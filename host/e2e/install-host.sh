@@ -31,21 +31,9 @@ installed() {
   [[ -f "${stamp}" && "$(cat "${stamp}")" == "${STAMP_TEXT}" && -x "${node_bin}" && -x "${cli_bin}" ]]
 }
 
-if installed; then
-  echo "${host_dir}"
-  exit 0
-fi
-
-command -v npm >/dev/null || { echo "install-host: npm is not on PATH (Node 20+ with npm is needed to bootstrap)" >&2; exit 1; }
-command -v flock >/dev/null || { echo "install-host: flock (util-linux) is missing" >&2; exit 1; }
-
-mkdir -p "$(dirname "${host_dir}")"
-exec 9>"${host_dir}.lock"
-flock 9
-if installed; then  # another run finished while we waited for the lock
-  echo "${host_dir}"
-  exit 0
-fi
+# shellcheck source=cache-lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cache-lock.sh"
+cache_lock install-host "${host_dir}" "${host_dir}"
 
 rm -rf "${host_dir}"
 mkdir -p "${host_dir}/node24"

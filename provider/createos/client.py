@@ -14,14 +14,13 @@
 
 New resources get a module and a mixin of their own, added to the bases.
 
-Retries (createos-api.md 1.8, "Our policy"; details in :mod:`provider.createos.core`): GET,
-DELETE, PUT of a replayable body and PATCH (absolute values) are retried on transport errors and
-HTTP 408, 429, 500, 502, 503, 504; POST only on 429 (the server provably did nothing), which
-also holds for sandbox creation, fork and process creation. At most ``max_retries`` extra
-attempts, ``Retry-After`` first, otherwise an exponential backoff with jitter; a wait that
-would pass the caller's anyio deadline is not started. The output stream (``connect``) is never
-retried here (its reader reconnects); a download (``get_file``) is retried only while opening,
-never once its body has started.
+Retries (details in :mod:`provider.createos.core`): GET, DELETE, PUT of a replayable body and PATCH
+(absolute values) are retried on transport errors and HTTP 408, 429, 500, 502, 503, 504; POST only
+on 429 and 503 (the server did not process it), which also holds for sandbox creation, fork and
+process creation. At most ``max_retries`` extra attempts, ``Retry-After`` first, otherwise an
+exponential backoff with jitter; a wait that would pass the caller's anyio deadline is not started.
+The output stream (``connect``) is never retried here (its reader reconnects); a download
+(``get_file``) is retried only while opening, never once its body has started.
 
 The names other modules import from here (constants included) are re-exported, so callers need
 not know which module holds them.
@@ -33,13 +32,13 @@ from provider.createos.core import (
     DEFAULT_TIMEOUT,
     FILE_TIMEOUT,
     HTTP11_READ_BYTES,
-    MAX_RETRY_AFTER,
     STREAM_TIMEOUT,
     USER_AGENT,
     new_http_client,
 )
 from provider.createos.files import FileCalls
 from provider.createos.processes import MAX_INPUT_BYTES, ProcessCalls
+from provider.createos.retry import MAX_RETRY_AFTER
 from provider.createos.sandboxes import LIST_PAGE, SandboxCalls
 from provider.createos.upload import UPLOAD_CHUNK
 

@@ -1,28 +1,33 @@
 """The request core of the CreateOS client: transport, pacing, retries and error mapping.
 
 The one place where httpx exceptions become :mod:`provider.createos.errors` (in
-:meth:`ClientCore._call`, :meth:`ClientCore._stream` and the streamed body they hand out); the
+:meth:`ClientCore._attempts` and the streamed body it hands out, through
+:func:`~provider.createos.errors.connection_error` and
+:func:`~provider.createos.errors.response_error`); the
 resource modules (:mod:`~provider.createos.sandboxes`, :mod:`~provider.createos.processes`,
 :mod:`~provider.createos.files`) only build URLs and bodies and read the answers. Every request
 attempt, retries and stream opens included, first waits for its turn at the origin's
 :class:`~provider.createos.pacer.RequestPacer`; a 429 penalizes that pacer for every worker.
 Redirects are never followed.
 
-Retries (createos-api.md 1.8, "Our policy"): GET, DELETE, PUT of a replayable body and PATCH
-(we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500, 502,
-503, 504; POST only on 429 (the server provably did nothing), which also holds for sandbox
-creation, fork and process creation. At most
-``max_retries`` extra attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise
-``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A wait that would pass the
-caller's anyio deadline is not started: the error is raised at once. A stream is retried only
-while opening and only when asked (``retry_open``), never once its body has started.
+Retries (one attempt loop, :meth:`ClientCore._attempts`): GET, DELETE, PUT of a replayable body and
+PATCH (we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500, 502,
+503, 504; POST (sandbox creation, fork, process creation and exec included) on 429 and 503, the two
+statuses by which the server says it did not process the request (both official SDKs retry them on
+every method; a 503 is "no host with capacity, retry shortly"). At most ``max_retries`` extra
+attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise ``min(backoff_base * 2**n +
+U(0, backoff_base), 30)`` seconds. A wait that would pass the caller's anyio deadline is not
+started: the error is raised at once (for a ``Retry-After`` the message says so). A ``Retry-After``
+of any length is waited for when the deadline allows it; a call without a deadline waits at most
+:data:`~provider.createos.retry.MAX_RETRY_AFTER`. A stream is retried only while opening and only
+when asked (``retry_open``), never once its body has started.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Final, Self
@@ -34,14 +39,14 @@ import httpx
 
 from provider.createos.envelope import unwrap_success
 from provider.createos.errors import (
-    APIConnectionError,
     APIStatusError,
-    APITimeout,
     CreateOSError,
-    status_error,
+    connection_error,
+    response_error,
+    retry_refused,
 )
 from provider.createos.pacer import RequestPacer, pacer_for
-from provider.createos.retry import backoff_delay, parse_retry_after
+from provider.createos.retry import backoff_delay, wait_refused
 from provider.createos.upload import UploadBody
 
 try:
@@ -51,12 +56,19 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source che
 
 USER_AGENT: Final = f"paperclip-plugin-createos/{_VERSION} python-httpx/{httpx.__version__}"
 DEFAULT_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=10.0)
-STREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=30.0, write=30.0, pool=10.0)
-"""Streams: heartbeats arrive every 5 s, so 30 s without a byte means the stream is dead."""
-FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
-MAX_RETRY_AFTER: Final = 60.0
-"""A Retry-After longer than this is not waited for: the error is raised with the hint."""
+STREAM_READ_TIMEOUT: Final = 60.0
+"""Streams: a read that waits this long for a byte (the Python SDK's per-read timeout) ends with
+APITimeout. CreateOS documents heartbeats only on the exec stream, so on ``connect`` this is
+not proof of a dead stream: its reader checks the process first (provider.createos.stream)."""
 
+
+def stream_timeout(read: float = STREAM_READ_TIMEOUT) -> httpx.Timeout:
+    """The timeouts of a stream that ends a read after ``read`` seconds without a byte."""
+    return httpx.Timeout(connect=10.0, read=read, write=30.0, pool=10.0)
+
+
+STREAM_TIMEOUT: Final = stream_timeout()
+FILE_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=60.0, write=60.0, pool=10.0)
 HTTP11_READ_BYTES: Final = 256 * 1024
 
 
@@ -78,41 +90,13 @@ _widen_http11_reads()
 
 IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses a GET, DELETE or replayable PUT is retried on."""
-POST_RETRY: Final = frozenset({429})
-"""Statuses a POST is retried on (the server provably did nothing)."""
+POST_RETRY: Final = frozenset({429, 503})
+"""Statuses a POST is retried on (the server says it did not process the request)."""
 
 
 async def _sleep(seconds: float) -> None:
     """The wait between attempts (a seam for tests)."""
     await anyio.sleep(seconds)
-
-
-def _fits_deadline(delay: float) -> bool:
-    """False when sleeping ``delay`` seconds would pass the caller's anyio deadline."""
-    return anyio.current_time() + delay < anyio.current_effective_deadline()
-
-
-def _connection_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
-    kind = type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
-        return APITimeout(operation, f"CreateOS {operation} failed: timed out ({kind}).")
-    return APIConnectionError(operation, f"CreateOS {operation} failed: connection error ({kind}).")
-
-
-def _redirect_error(operation: str, status: int) -> APIConnectionError:
-    return APIConnectionError(
-        operation, f"CreateOS {operation} failed: redirect refused (HTTP {status})."
-    )
-
-
-def _error_for(response: httpx.Response, operation: str) -> CreateOSError:
-    status = response.status_code
-    if 300 <= status < 400:
-        return _redirect_error(operation, status)
-    if status < 200 or status >= 300:
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return status_error(operation, status, retry_after=retry_after)
-    raise AssertionError("not an error status")  # pragma: no cover
 
 
 class _Body:
@@ -130,7 +114,7 @@ class _Body:
         try:
             return await self._chunks.__anext__()
         except httpx.RequestError as exc:
-            raise _connection_error(self._operation, exc) from exc
+            raise connection_error(self._operation, exc) from exc
 
     async def aclose(self) -> None:
         close = getattr(self._chunks, "aclose", None)
@@ -139,11 +123,13 @@ class _Body:
 
 
 def new_http_client(
-    origin: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
+    base_url: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """The keep-alive connection pool of one origin and key (redirects are never followed)."""
+    """The keep-alive connection pool of one API and key (redirects are never followed).
+    ``base_url`` is the origin, with a gateway's path prefix if any; requests go to
+    ``<base_url>/v1/...``."""
     return httpx.AsyncClient(
-        base_url=origin.rstrip("/") + "/v1",
+        base_url=base_url.rstrip("/") + "/v1",
         headers={"X-Api-Key": api_key, "Accept": "application/json", "User-Agent": USER_AGENT},
         follow_redirects=False,
         timeout=DEFAULT_TIMEOUT,
@@ -152,7 +138,8 @@ def new_http_client(
 
 
 class ClientCore:
-    """One origin and key: the connection pool, the pacer and the request core.
+    """One API (origin, or origin and path prefix) and key: the connection pool, the pacer
+    (keyed by the origin alone: the rate limit is per caller IP) and the request core.
 
     The resource mixins subclass it and call :meth:`_json_call`, :meth:`_call` and
     :meth:`_stream`; :class:`provider.createos.client.CreateOSClient` composes them.
@@ -160,7 +147,7 @@ class ClientCore:
 
     def __init__(
         self,
-        origin: str,
+        base_url: str,
         api_key: str,
         *,
         pacer: RequestPacer | None = None,
@@ -169,15 +156,17 @@ class ClientCore:
         max_retries: int = 2,
         backoff_base: float = 0.5,
     ) -> None:
-        """``http``: a connection pool shared with other clients of the same origin and key
+        """``http``: a connection pool shared with other clients of the same API and key
         (:func:`new_http_client`, kept by :class:`provider.createos.pool.ConnectionPool`); it
         is left open by :meth:`aclose`. Without it the client owns a pool of its own."""
-        self.origin = origin.rstrip("/")
-        self._pacer = pacer if pacer is not None else pacer_for(self.origin)
+        self.base_url = base_url.rstrip("/")
+        self._pacer = pacer if pacer is not None else pacer_for(self.base_url)
         self._max_retries = max(0, max_retries)
         self._backoff_base = backoff_base
         self._owns_http = http is None
-        self._http = http if http is not None else new_http_client(self.origin, api_key, transport)
+        self._http = (
+            http if http is not None else new_http_client(self.base_url, api_key, transport)
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -210,13 +199,11 @@ class ClientCore:
         limits: httpx.Timeout = DEFAULT_TIMEOUT,
     ) -> httpx.Response:
         """Send with pacing and retries; return the 2xx response or raise our error."""
-        attempt = 0
-        while True:
-            await self._pacer.wait_turn()
+
+        async def send() -> httpx.Response:
             body = upload() if upload is not None else None
-            cause: httpx.RequestError | None = None
             try:
-                response = await self._http.request(
+                return await self._http.request(
                     method,
                     url,
                     params=params,
@@ -225,44 +212,72 @@ class ClientCore:
                     headers=headers,
                     timeout=limits,
                 )
+            finally:
+                if body is not None:
+                    body.close()
+
+        return await self._attempts(
+            send, operation=operation, retry_on=retry_on, retry_transport=retry_transport
+        )
+
+    async def _attempts(
+        self,
+        send: Callable[[], Awaitable[httpx.Response]],
+        *,
+        operation: str,
+        retry_on: frozenset[int],
+        retry_transport: bool,
+    ) -> httpx.Response:
+        """The one attempt loop: each attempt waits for the pacer, then ``send``s. Return the
+        2xx response; retry a status in ``retry_on`` (and a transport error when
+        ``retry_transport``) while :meth:`_retry_wait` allows; otherwise raise our error. A
+        refused answer is closed before the next attempt."""
+        attempt = 0
+        while True:
+            await self._pacer.wait_turn()
+            cause: httpx.RequestError | None = None
+            error: CreateOSError
+            try:
+                response = await send()
             except httpx.RequestError as exc:
-                cause = exc
-                error: CreateOSError = _connection_error(operation, exc)
+                cause, error = exc, connection_error(operation, exc)
                 retryable = retry_transport
             else:
                 if 200 <= response.status_code < 300:
                     return response
-                error = _error_for(response, operation)
+                await response.aclose()
+                error = response_error(response, operation)
                 retryable = isinstance(error, APIStatusError) and error.status in retry_on
-            finally:
-                if body is not None:
-                    body.close()
-            if await self._may_retry(error, retryable, attempt):
+            final = await self._retry_wait(error, retryable, attempt)
+            if final is None:
                 attempt += 1
                 continue
             if cause is not None:
-                raise error from cause
-            raise error
+                raise final from cause
+            raise final
 
-    async def _may_retry(self, error: CreateOSError, retryable: bool, attempt: int) -> bool:
-        """After a failed attempt: a 429 holds every worker's pacer for its Retry-After; then
-        wait before the next attempt when ``retryable`` and retries are left (see _backoff)."""
+    async def _retry_wait(
+        self, error: CreateOSError, retryable: bool, attempt: int
+    ) -> CreateOSError | None:
+        """After a failed attempt: a 429 holds every worker's pacer for its Retry-After. Then,
+        when ``retryable`` and retries are left, wait (``Retry-After`` first, else backoff) and
+        answer None; otherwise answer the error to raise. A wait the deadline does not allow
+        is not started (:func:`~provider.createos.retry.wait_refused`); for a ``Retry-After``
+        the error says so."""
         retry_after = error.retry_after if isinstance(error, APIStatusError) else None
         if isinstance(error, APIStatusError) and error.status == 429:
             await self._pacer.penalize(retry_after)
-        return retryable and await self._backoff(attempt, retry_after)
-
-    async def _backoff(self, attempt: int, retry_after: float | None) -> bool:
-        """Wait before retry ``attempt + 1``; False when no retry is left or the wait would
-        pass ``MAX_RETRY_AFTER`` or the caller's deadline (the error is then raised)."""
-        if attempt >= self._max_retries:
-            return False
+        if not retryable or attempt >= self._max_retries:
+            return error
         await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel wins over the error
         delay = backoff_delay(attempt, self._backoff_base, retry_after, jitter=random.uniform)
-        if delay > MAX_RETRY_AFTER or not _fits_deadline(delay):
-            return False
-        await _sleep(delay)
-        return True
+        why = wait_refused(delay)
+        if why is None:
+            await _sleep(delay)
+            return None
+        if retry_after is not None and isinstance(error, APIStatusError):
+            return retry_refused(error, retry_after, why)
+        return error
 
     async def _json_call(
         self,
@@ -299,33 +314,19 @@ class ClientCore:
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         """A streamed GET. With ``retry_open``, opening it (up to the response head) is retried
         like any idempotent request; a body cut once it has started is never retried here."""
-        attempt = 0
-        while True:
-            await self._pacer.wait_turn()
+
+        def send() -> Awaitable[httpx.Response]:
             request = self._http.build_request(
                 "GET", url, params=params, headers={"Accept": accept}, timeout=limits
             )
-            cause: httpx.RequestError | None = None
-            error: CreateOSError
-            try:
-                response = await self._http.send(request, stream=True)
-            except httpx.RequestError as exc:
-                cause, error = exc, _connection_error(operation, exc)
-                retryable = retry_open
-            else:
-                if 200 <= response.status_code < 300:
-                    break
-                await response.aclose()
-                error = _error_for(response, operation)
-                retryable = retry_open and (
-                    isinstance(error, APIStatusError) and error.status in IDEMPOTENT_RETRY
-                )
-            if await self._may_retry(error, retryable, attempt):
-                attempt += 1
-                continue
-            if cause is not None:
-                raise error from cause
-            raise error
+            return self._http.send(request, stream=True)
+
+        response = await self._attempts(
+            send,
+            operation=operation,
+            retry_on=IDEMPOTENT_RETRY if retry_open else frozenset(),
+            retry_transport=retry_open,
+        )
         try:
             body = _Body(response, operation)
             try:

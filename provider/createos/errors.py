@@ -1,6 +1,8 @@
 """Everything the CreateOS HTTP API can do wrong, as one branch of the worker's error tree.
 
-Messages are public (see :mod:`provider.errors`): they name a fixed operation label such as
+:func:`connection_error` and :func:`response_error` map an httpx failure or answer to one of
+them (for :mod:`provider.createos.core`, which alone calls httpx). Messages are public (see
+:mod:`provider.errors`): they name a fixed operation label such as
 ``"create sandbox"`` and, for status errors, the HTTP status. They never carry a response body,
 a URL or the API key.
 
@@ -27,6 +29,9 @@ a URL or the API key.
 
 from __future__ import annotations
 
+import httpx
+
+from provider.createos.retry import parse_retry_after
 from provider.errors import ProviderError
 
 _STATUS_HINTS = {
@@ -60,9 +65,7 @@ class APIStatusError(CreateOSError):
         message: str | None = None,
     ) -> None:
         if message is None:
-            hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "")
-            suffix = f" ({hint})" if hint else ""
-            message = f"CreateOS {operation} failed: HTTP {status}{suffix}."
+            message = f"{status_text(operation, status)}."
         super().__init__(message)
         self.operation = operation
         self.status = status
@@ -70,9 +73,10 @@ class APIStatusError(CreateOSError):
 
     @property
     def rejected(self) -> bool:
-        """A status below 500 (429 included): the server refused the request and did nothing,
-        so even a create, fork or process start has a known outcome (createos-api.md 1.8)."""
-        return self.status < 500
+        """A status below 500 (429 included) or a 503: the server refused the request and did
+        nothing, so even a create, fork or process start has a known outcome. Both official
+        SDKs read a 503 this way ("no host with capacity, retry shortly")."""
+        return self.status < 500 or self.status == 503
 
 
 class AuthError(APIStatusError):
@@ -139,6 +143,26 @@ class ReconnectBudgetExhausted(APIProtocolError):
     """The output stream kept failing; it could not be followed to the process's exit."""
 
 
+def status_text(operation: str, status: int) -> str:
+    """``CreateOS <operation> failed: HTTP <status> (<hint>)``, the start of every status
+    error's message (no final period)."""
+    hint = _STATUS_HINTS.get(status, "server error" if status >= 500 else "")
+    suffix = f" ({hint})" if hint else ""
+    return f"CreateOS {operation} failed: HTTP {status}{suffix}"
+
+
+def retry_refused(error: APIStatusError, wait: float, why: str) -> APIStatusError:
+    """``error`` again, its message saying the server's ``Retry-After`` of ``wait`` seconds was
+    not waited for and ``why`` (the status, operation and hint are kept)."""
+    message = (
+        f"{status_text(error.operation, error.status)}: the server asked to retry in "
+        f"{wait:.0f} s, {why}."
+    )
+    return type(error)(
+        error.operation, error.status, retry_after=error.retry_after, message=message
+    )
+
+
 def status_error(
     operation: str, status: int, *, retry_after: float | None = None
 ) -> APIStatusError:
@@ -159,3 +183,28 @@ def status_error(
     else:
         cls = APIStatusError
     return cls(operation, status, retry_after=retry_after)
+
+
+def connection_error(operation: str, exc: httpx.RequestError) -> APIConnectionError:
+    """Our error for an httpx transport failure (its class name only, never its text)."""
+    kind = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeout(operation, f"CreateOS {operation} failed: timed out ({kind}).")
+    return APIConnectionError(operation, f"CreateOS {operation} failed: connection error ({kind}).")
+
+
+def redirect_error(operation: str, status: int) -> APIConnectionError:
+    return APIConnectionError(
+        operation, f"CreateOS {operation} failed: redirect refused (HTTP {status})."
+    )
+
+
+def response_error(response: httpx.Response, operation: str) -> CreateOSError:
+    """Our error for a non-2xx answer: a refused redirect, or the status's error class."""
+    status = response.status_code
+    if 300 <= status < 400:
+        return redirect_error(operation, status)
+    if status < 200 or status >= 300:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        return status_error(operation, status, retry_after=retry_after)
+    raise AssertionError("not an error status")  # pragma: no cover

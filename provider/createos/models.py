@@ -89,6 +89,18 @@ class ProcessView(msgspec.Struct, frozen=True):
     signal: str | None = None
     leader_exited: bool = False
     tree_exited: bool = False
+    output: Any = None  # {"oldest_seq", "newest_seq", "bytes"}; read leniently (newest_seq)
+
+    @property
+    def newest_seq(self) -> int | None:
+        """The ``seq`` of the newest output frame, when the view says (a non-negative int)."""
+        seq = self.output.get("newest_seq") if isinstance(self.output, dict) else None
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else None
+
+    @property
+    def running(self) -> bool:
+        """The leader has not exited yet (``starting``, ``running`` or ``terminating``)."""
+        return self.state in ("starting", "running", "terminating") and not self.leader_exited
 
 
 class DataFrame(msgspec.Struct, frozen=True, gc=False):

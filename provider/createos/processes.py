@@ -1,9 +1,9 @@
 """Managed-process calls of the CreateOS client: start, read, kill, stdin, resize and the output
 stream.
 
-createos-api.md sections on ``/sandboxes/{id}/processes``. Starting a process and writing its
-input are POSTs, repeated only on 429 (a lost answer may already have started it or delivered
-the bytes). The output stream (:meth:`ProcessCalls.connect`) is never retried here: its reader,
+createos-api.md sections on ``/sandboxes/{id}/processes``. Starting a process and writing its input
+are POSTs, repeated only on 429 and 503 (a lost answer may already have started it or delivered the
+bytes). The output stream (:meth:`ProcessCalls.connect`) is never retried here: its reader,
 :func:`provider.createos.stream.follow_process_output`, reconnects with ``after=``.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
-from provider.createos.core import STREAM_TIMEOUT, ClientCore
+from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, stream_timeout
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
 
@@ -44,7 +44,8 @@ class ProcessCalls(ClientCore):
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
     ) -> ProcessView:
-        """``POST .../processes``. Repeated only on 429; any other failure is raised once.
+        """``POST .../processes``. Repeated only on 429 and 503; any other failure is raised
+        once.
 
         ``pty`` = (rows, cols) gives the process a terminal of that size: its output then
         arrives as ``pty`` frames only, and ``/input`` is typed into the terminal."""
@@ -110,7 +111,8 @@ class ProcessCalls(ClientCore):
 
     async def write_input(self, sandbox_id: str, process_id: str, data: bytes) -> None:
         """``POST .../processes/{pid}/input``: ``data`` (at most :data:`MAX_INPUT_BYTES`) goes
-        to the process's stdin. Repeated only on 429 (a lost answer may have delivered it)."""
+        to the process's stdin. Repeated only on 429 and 503 (a lost answer may have delivered
+        it)."""
         if len(data) > MAX_INPUT_BYTES:
             raise ValueError(f"input is limited to {MAX_INPUT_BYTES} bytes per request")
         url = self._process_url(sandbox_id, process_id) + "/input"
@@ -133,12 +135,18 @@ class ProcessCalls(ClientCore):
         await self._json_call("POST", url, operation="resize process", json=body)
 
     def connect(
-        self, sandbox_id: str, process_id: str, *, after: int
+        self,
+        sandbox_id: str,
+        process_id: str,
+        *,
+        after: int,
+        read_timeout: float = STREAM_READ_TIMEOUT,
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """``GET .../connect?after=N`` as raw NDJSON body chunks (not retried).
 
         Status errors are raised on enter (410 -> OutputEvicted); transport errors while
-        reading become APIConnectionError (APITimeout after 30 s without a byte).
+        reading become APIConnectionError (APITimeout after ``read_timeout`` seconds without a
+        byte).
         """
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValueError("after must be a non-negative integer")
@@ -148,7 +156,7 @@ class ProcessCalls(ClientCore):
             operation="follow process output",
             accept="application/x-ndjson",
             params={"after": after},
-            limits=STREAM_TIMEOUT,
+            limits=stream_timeout(read_timeout),
         )
 
     @staticmethod

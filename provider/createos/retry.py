@@ -1,4 +1,5 @@
-"""Retry timing for the CreateOS client: backoff with jitter and ``Retry-After`` parsing."""
+"""Retry timing for the CreateOS client: backoff with jitter, ``Retry-After`` parsing, and
+whether a wait may start at all (the caller's anyio deadline)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Final
 
+import anyio
+
 MAX_BACKOFF: Final = 30.0
+MAX_RETRY_AFTER: Final = 600.0
+"""The longest ``Retry-After`` a call without an anyio deadline waits for (with a deadline, the
+deadline decides): a longer hint reads as a quota, not as "retry shortly"."""
 _SECONDS = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -49,3 +55,16 @@ def backoff_delay(
     if retry_after is not None:
         return retry_after
     return min(base * 2.0**attempt + jitter(0.0, base), MAX_BACKOFF)
+
+
+def wait_refused(delay: float) -> str | None:
+    """Why a wait of ``delay`` seconds may not start (None: it may): it would pass the caller's
+    anyio deadline, or, without a deadline, it is longer than :data:`MAX_RETRY_AFTER`."""
+    left = anyio.current_effective_deadline() - anyio.current_time()
+    if math.isinf(left):
+        if delay <= MAX_RETRY_AFTER:
+            return None
+        return f"longer than the {MAX_RETRY_AFTER:.0f} s a call without a deadline waits"
+    if delay < left:
+        return None
+    return f"past this operation's deadline ({max(left, 0.0):.0f} s left)"

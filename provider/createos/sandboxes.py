@@ -2,10 +2,10 @@
 fork and exec.
 
 createos-api.md sections on ``/sandboxes``. Creation, fork and ``exec`` are POSTs, so they are
-repeated only on 429 (a fork's bundle-window 409 is retried by its caller, which owns the
-deadline); reads, lists, deletes and PATCHes of absolute values are retried like other
-idempotent calls (:mod:`provider.createos.core`). Every answer is checked to be about the
-sandbox asked for.
+repeated only on 429 and 503, the server's "not processed" (a fork's bundle-window 409 is retried by
+its caller, which owns the deadline); reads, lists, deletes and PATCHes of absolute values are
+retried like other idempotent calls (:mod:`provider.createos.core`). Every answer is checked to be
+about the sandbox asked for.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class SandboxCalls(ClientCore):
     async def create_sandbox(
         self, *, shape: str, name: str, rootfs: str | None, region: str | None
     ) -> str:
-        """``POST /sandboxes``; returns the new id. Retried only on 429."""
+        """``POST /sandboxes``; returns the new id. Retried only on 429 and 503."""
         sandbox_id, _ = await self.create_sandbox_status(
             shape=shape, name=name, rootfs=rootfs, region=region
         )
@@ -55,7 +55,7 @@ class SandboxCalls(ClientCore):
         """``POST /sandboxes``: the new id and the status the answer reported (None when it
         named none or an unknown one). ``egress``: the outbound allowlist (omitted: allow all);
         ``auto_pause_after_seconds``: CreateOS pauses the sandbox once idle that long.
-        Retried only on 429."""
+        Retried only on 429 and 503."""
         body: dict[str, Any] = {"shape": shape, "name": name}
         if rootfs is not None:
             body["rootfs"] = rootfs
@@ -171,7 +171,7 @@ class SandboxCalls(ClientCore):
         sandbox's id and the status answered (None when unknown). ``egress`` is always sent:
         an empty list would inherit the source's, so callers pass ``["*"]`` for allow-all.
         ``envs`` are added to the source's. 409 raises Conflict (not durable yet, or not
-        paused); retried only on 429."""
+        paused); retried only on 429 and 503."""
         operation = "fork sandbox"
         require_id(source_id, "sandbox")
         body: dict[str, Any] = {

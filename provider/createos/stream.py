@@ -1,226 +1,67 @@
 """Following a managed process's NDJSON output to its exit (provider-behavior.md 3.5, 3.6).
 
-:func:`follow_process_output` connects from ``after=0``, validates every frame, yields
-:class:`DataFrame` and finally one :class:`ExitFrame`, and reconnects from the last seen ``seq``
-when the connection fails (5xx or 429 at connect, a transport error, EOF without ``exit``).
-Replayed frames (``seq <= cursor``) are skipped. Protocol errors are fatal and never
-reconnected past. :class:`FrameParser` is the bytes-in, frames-out half, usable on its own.
+:func:`follow_process_output` connects from ``after=0``, validates every frame (with
+:class:`~provider.createos.frames.FrameParser`), yields :class:`DataFrame` and finally one
+:class:`ExitFrame`, and reconnects from the last seen ``seq`` when the connection fails (5xx or
+429 at connect, a transport error, EOF without ``exit``). Replayed frames (``seq <= cursor``)
+are skipped. Protocol errors are fatal and never reconnected past.
 
-Lines are split on ``b"\\n"`` before decoding; since ``\\n`` never occurs inside a multi-byte
-UTF-8 sequence this is equivalent to decoding incrementally and splitting the text.
+**Silent commands.** CreateOS documents heartbeats on the exec stream only, so a ``connect``
+may stay silent as long as its command does. A read that waits ``silence_limit`` seconds for a
+byte (60 s by default) ends the connection, and the process is then read (``GET``): when it
+still runs and has no output past the cursor, the command is silent, not the stream lost, so
+the stream is followed again without spending the reconnect budget. Otherwise the silence
+counts as a failed connection. So a truly dead connection is still replaced within the limit,
+at the cost of two requests per silent minute.
+
+**The budget.** ``max_reconnects`` counts failed connections since the last progress: a
+connection that delivered new output (the cursor moved) starts a fresh budget, so a long
+command survives any number of spaced-out cuts while a stream that keeps failing without
+output still ends.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.lowlevel
-import msgspec
 
 from provider.createos.client import CreateOSClient
+from provider.createos.core import STREAM_READ_TIMEOUT
 from provider.createos.errors import (
     APIConnectionError,
-    MalformedFrame,
-    MissingExitStatus,
+    APITimeout,
+    CreateOSError,
     OutputEvicted,
     RateLimited,
     ReconnectBudgetExhausted,
     ServerError,
-    StreamError,
-    StreamGap,
 )
+from provider.createos.frames import MAX_LINE_CHARS, FrameParser
 from provider.createos.models import DataFrame, ExitFrame
 
 __all__ = ["MAX_LINE_CHARS", "FrameParser", "follow_process_output"]
 
-MAX_LINE_CHARS: Final = 1_048_576
-MAX_SEQ: Final = 2**53 - 1
-OPERATION: Final = "follow process output"
-_SIGNAL_RE: Final = re.compile(r"SIG[A-Z0-9]+")
-_CODE_RE: Final = re.compile(r"[a-z0-9_]{1,64}")
-_BLANK: Final = frozenset(b" \t\r\n\x0b\x0c")
+CHECK_LIMIT: Final = 30.0
+"""How long the process read after a silent stream may take; longer counts as a failure."""
 
 
-class _Frame(msgspec.Struct):
-    """A line as decoded; fields are checked by hand (see :meth:`FrameParser._frame`).
-
-    ``data_base64`` is decoded by msgspec itself, about three times faster than
-    ``binascii.a2b_base64``. msgspec accepts exactly the spec's strict padded alphabet,
-    ``^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$`` (empty allowed);
-    anything else, or a non-string, fails the line as malformed. The tests hold it to that.
-    """
-
-    type: Any = None
-    seq: Any = None
-    stream: Any = None
-    data_base64: bytes | None = None  # msgspec decodes strict padded base64 (see below)
-    exit_code: Any = None
-    signal: Any = None
-    error: Any = None
-
-
-_decoder: Final = msgspec.json.Decoder(_Frame)
-
-
-def _integral(value: Any) -> int | None:
-    """An int (or integral float) value; None for anything else, booleans included."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-class FrameParser:
-    """Turns NDJSON body chunks into validated frames and tracks the ``seq`` cursor.
-
-    One parser lives across reconnects (the cursor persists); :meth:`reset` drops a partial
-    line left by a broken connection.
-    """
-
-    def __init__(self) -> None:
-        self.cursor = 0
-        self._pending: list[bytes | memoryview] = []
-        self._pending_len = 0
-
-    def reset(self) -> None:
-        """Forget an unterminated line (the connection it came from is gone)."""
-        self._pending.clear()
-        self._pending_len = 0
-
-    def feed(self, chunk: bytes) -> list[DataFrame | ExitFrame]:
-        """The frames completed by ``chunk`` (heartbeats and replays are left out).
-
-        Lines inside ``chunk`` are parsed from memoryview slices (no copy); only a line that
-        spans chunks is joined.
-        """
-        end = chunk.find(b"\n")
-        if end < 0:
-            if chunk:
-                self._pending.append(chunk)
-                self._pending_len += len(chunk)
-                self._check_tail()
-            return []
-        frames: list[DataFrame | ExitFrame] = []
-        view = memoryview(chunk)
-        if self._pending:
-            self._pending.append(view[:end])
-            line: bytes | memoryview = b"".join(self._pending)
-            self.reset()
-        else:
-            line = view[:end]
-        self._line(line, frames)
-        start = end + 1
-        end = chunk.find(b"\n", start)
-        while end >= 0:
-            self._line(view[start:end], frames)
-            start = end + 1
-            end = chunk.find(b"\n", start)
-        if start < len(chunk):
-            self._pending.append(view[start:])
-            self._pending_len = len(chunk) - start
-            self._check_tail()
-        return frames
-
-    def finish(self) -> list[DataFrame | ExitFrame]:
-        """At a clean EOF: the unterminated last line, if any, is a line too."""
-        frames: list[DataFrame | ExitFrame] = []
-        if self._pending:
-            line = b"".join(self._pending)
-            self.reset()
-            self._line(line, frames)
-        return frames
-
-    def _check_tail(self) -> None:
-        if self._pending_len > MAX_LINE_CHARS:
-            self._check_length(b"".join(self._pending), final=False)
-
-    @staticmethod
-    def _check_length(line: bytes | memoryview, *, final: bool) -> None:
-        """Fatal when the line holds more than MAX_LINE_CHARS characters (replacement decode)."""
-        if len(line) <= MAX_LINE_CHARS:
-            return
-        if len(line) > 4 * MAX_LINE_CHARS or (
-            len(bytes(line).decode("utf-8", "replace" if final else "ignore")) > MAX_LINE_CHARS
-        ):
-            raise MalformedFrame("CreateOS output stream sent a line over 1,048,576 characters.")
-
-    def _line(self, line: bytes | memoryview, frames: list[DataFrame | ExitFrame]) -> None:
-        if not line or (line[0] in _BLANK and bytes(line).isspace()):
-            return
-        self._check_length(line, final=True)
+async def _silent_but_running(
+    client: CreateOSClient, sandbox_id: str, process_id: str, cursor: int
+) -> bool:
+    """After a stream went silent: True when the process still runs and its output journal
+    holds nothing past ``cursor`` (the command is silent, not the stream lost)."""
+    with anyio.move_on_after(CHECK_LIMIT):
         try:
-            try:
-                raw = _decoder.decode(line)
-            except msgspec.ValidationError:
-                raise
-            except msgspec.DecodeError:
-                # The spec decodes with replacement first; only invalid UTF-8 parses again.
-                raw = _decoder.decode(bytes(line).decode("utf-8", "replace"))
-        except msgspec.ValidationError as exc:
-            raise MalformedFrame(
-                "CreateOS output stream sent a frame with a field of the wrong type "
-                "or data that is not strict base64."
-            ) from exc
-        except msgspec.DecodeError as exc:
-            raise MalformedFrame(
-                "CreateOS output stream sent a line that is not a JSON object."
-            ) from exc
-        frame = self._frame(raw)
-        if frame is not None:
-            frames.append(frame)
-
-    def _frame(self, raw: _Frame) -> DataFrame | ExitFrame | None:
-        kind = raw.type
-        if kind == "data":
-            return self._data(raw)
-        if kind == "heartbeat":
-            return None
-        if kind == "exit":
-            exit_code = _integral(raw.exit_code)
-            signal = raw.signal
-            if not (isinstance(signal, str) and _SIGNAL_RE.fullmatch(signal)):
-                signal = None
-            if exit_code is None and signal is None:
-                raise MissingExitStatus(
-                    "CreateOS output stream ended the process without an exit code or signal."
-                )
-            return ExitFrame(exit_code, signal)
-        if kind == "error":
-            if raw.error == "output_offset_expired":
-                raise OutputEvicted(
-                    OPERATION,
-                    410,
-                    message="CreateOS dropped unread process output (output_offset_expired).",
-                )
-            code = raw.error if isinstance(raw.error, str) else ""
-            detail = f" ({code})" if _CODE_RE.fullmatch(code) else ""
-            raise StreamError(f"CreateOS output stream reported an error{detail}.")
-        raise MalformedFrame("CreateOS output stream sent a frame of unknown type.")
-
-    def _data(self, raw: _Frame) -> DataFrame | None:
-        seq = _integral(raw.seq)
-        if seq is None or not 1 <= seq <= MAX_SEQ:
-            raise MalformedFrame("CreateOS output stream sent a data frame with an invalid seq.")
-        if seq <= self.cursor:
-            return None
-        if seq != self.cursor + 1:
-            raise StreamGap(
-                f"CreateOS output stream skipped from seq {self.cursor} to {seq}: output was lost."
-            )
-        stream = raw.stream
-        if stream != "stdout" and stream != "stderr" and stream != "pty":
-            raise MalformedFrame("CreateOS output stream sent a data frame for an unknown stream.")
-        if raw.data_base64 is None:
-            raise MalformedFrame("CreateOS output stream sent a data frame without data.")
-        self.cursor = seq
-        return DataFrame(seq, stream, raw.data_base64)
+            view = await client.get_process(sandbox_id, process_id)
+        except CreateOSError:
+            return False
+        newest = view.newest_seq
+        return view.running and (newest is None or newest <= cursor)
+    return False
 
 
 async def follow_process_output(
@@ -231,27 +72,34 @@ async def follow_process_output(
     on_open: Callable[[], Awaitable[None]] | None = None,
     max_reconnects: int = 3,
     reconnect_delay: float = 0.25,
+    silence_limit: float = STREAM_READ_TIMEOUT,
 ) -> AsyncGenerator[DataFrame | ExitFrame, None]:
     """Yield the process's data frames in ``seq`` order, then its :class:`ExitFrame`.
 
     ``on_open`` is awaited once, right after the first connection opens (its errors propagate).
     Reconnects (one budget for every cause): 5xx, 429 or a transport error at connect, a
-    transport error while reading, EOF without ``exit``. More than ``max_reconnects`` raises
-    :class:`ReconnectBudgetExhausted`. A 410 raises :class:`OutputEvicted`; other 4xx statuses
-    and every protocol error are raised as they are.
+    transport error while reading, EOF without ``exit``, and a silence of ``silence_limit``
+    seconds unless the process read shows a silent command (see the module docstring). More
+    than ``max_reconnects`` since the last new output raises :class:`ReconnectBudgetExhausted`.
+    A 410 raises :class:`OutputEvicted`; other 4xx statuses and every protocol error are raised
+    as they are.
 
     The open connection belongs to the generator: consumers that may stop early should wrap it
     in ``contextlib.aclosing`` so the stream closes at once rather than at garbage collection.
     """
     parser = FrameParser()
-    reconnects = 0
+    reconnects = attempts = 0
     opened = False
     while True:
         failure: BaseException | None = None
+        start = parser.cursor
+        attempts += 1
         async with AsyncExitStack() as stack:
             try:
                 body = await stack.enter_async_context(
-                    client.connect(sandbox_id, process_id, after=parser.cursor)
+                    client.connect(
+                        sandbox_id, process_id, after=parser.cursor, read_timeout=silence_limit
+                    )
                 )
             except OutputEvicted:
                 raise
@@ -277,11 +125,17 @@ async def follow_process_output(
                         if isinstance(frame, ExitFrame):
                             return
         await anyio.lowlevel.checkpoint_if_cancelled()  # a pending cancel wins over a reconnect
+        if parser.cursor > start:
+            reconnects = 0  # this connection delivered new output: a fresh budget
+        if isinstance(failure, APITimeout) and await _silent_but_running(
+            client, sandbox_id, process_id, parser.cursor
+        ):
+            continue  # a silent command: follow it again at once, budget untouched
         reconnects += 1
         if reconnects > max_reconnects:
             why = "the connection kept failing" if failure else "it kept ending before the exit"
             raise ReconnectBudgetExhausted(
                 f"CreateOS output stream could not be followed to the process exit "
-                f"({reconnects} connection attempts; {why})."
+                f"({attempts} connection attempts, {reconnects} since its last output; {why})."
             ) from failure
         await anyio.sleep(reconnect_delay)

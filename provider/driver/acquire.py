@@ -265,7 +265,7 @@ async def _found_if_unknown(
     look_for: str,
     on_unresolved: Callable[[], None] | None,
 ) -> AsyncIterator[None]:
-    """Around a create or fork: when it fails other than ``definite``ly (a 5xx, a transport
+    """Around a create or fork: when it fails other than ``definite``ly (a 5xx but 503, a transport
     failure, a malformed answer, the deadline or a cancellation mid-call), its outcome is
     unknown, so delete every sandbox that ``matches`` (it carries the request's token), then
     let the failure propagate. ``on_unresolved`` is called when none was found; a lookup or

@@ -1,20 +1,20 @@
 """Forking a snapshot template (provider-behavior.md 8.4, createos-api.md 3.9).
 
-A template is a paused sandbox; a lease (or a setup session started from a template) forks it
-with ``{"start_paused": false, "egress": <effective or ["*"]>, "ingress_enabled": false,
-"envs": {<fork token>: "1"}}``. Right after a pause CreateOS may answer 409 while the snapshot
-bundle becomes durable: that is the one POST we repeat on a status other than 429 (every 250 ms,
-at most 40 times, within the caller's deadline), because a 409 means the server did nothing. A
-404 means the template is gone (or belongs to another key). Those two, and any other definite
-rejection (a status below 500, a 429 after the client's own retries included), created nothing:
+A template is a paused sandbox; a lease (or a setup session started from a template) forks it with
+``{"start_paused": false, "egress": <effective or ["*"]>, "ingress_enabled": false, "envs": {<fork
+token>: "1"}}``. Right after a pause CreateOS may answer 409 while the snapshot bundle becomes
+durable: that is the one POST we repeat on a status other than 429 and 503 (every 250 ms, at most 40
+times, within the caller's deadline), because a 409 means the server did nothing. A 404 means the
+template is gone (or belongs to another key). Those two, and any other definite rejection (a status
+below 500 or a 503, after the client's own retries), created nothing:
 :class:`ForkRefused` or the status error itself.
 
-Forks take no name, so the fork token is how a fork whose outcome is unknown (5xx, connection
-lost, a malformed answer, the deadline during the call) is found again: an env key
-``PAPERCLIP_CREATEOS_FORK_<32 hex>``, fresh per fork, which sandbox views list by name (values
-are never shown). :func:`carries_token` matches it; the acquire looks the fork up and deletes it,
-and the journal keeps looking on later calls (:mod:`provider.driver.recovery`). The variable is
-visible to the sandbox's processes; it holds no secret.
+Forks take no name, so the fork token is how a fork whose outcome is unknown (a 5xx other than 503,
+connection lost, a malformed answer, the deadline during the call) is found again: an env key
+``PAPERCLIP_CREATEOS_FORK_<32 hex>``, fresh per fork, which sandbox views list by name (values are
+never shown). :func:`carries_token` matches it; the acquire looks the fork up and deletes it, and
+the journal keeps looking on later calls (:mod:`provider.driver.recovery`). The variable is visible
+to the sandbox's processes; it holds no secret.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ deletes those idle longer than ``reuseMaxIdleSeconds``, then the oldest beyond
   later events inside the interval are skipped (the next one after it sweeps).
 - **Never fails anything**: each delete runs the confirmed delete routine under its own deadline;
   a failed list or delete is logged (sanitized messages only, never the key) and the sweep goes on.
+- **A refused filter never stops it**: the list asks for ``status=paused``, which CreateOS
+  does not document (the TypeScript SDK's types allow only running, creating, destroyed and
+  failed). When the server refuses it (400 or 422), the sweep lists without the filter and keeps
+  the paused sandboxes itself, for the rest of the process's life with that API, and says so
+  once per API in the log.
 - **Never a lease in use**: the lease that triggered the sweep is spared, and so is any lease
   resumed on this worker while the sweep runs (:meth:`Reaper.in_use`): a sweep that listed it
   paused just before the resume turned it ``running`` must not delete it afterwards.
@@ -35,6 +40,8 @@ from typing import Any, Final
 import anyio
 
 from provider.createos.client import CreateOSClient
+from provider.createos.errors import APIStatusError
+from provider.createos.models import SandboxView
 from provider.driver.reuse import ReapChoice, select_for_reaping
 from provider.driver.runtime import BoundCall, DriverRuntime, deadline
 from provider.driver.sandbox_ops import delete_sandbox_confirmed
@@ -65,6 +72,7 @@ class Reaper:
         self._last_sweep: dict[tuple[str, str], float] = {}
         self._spared: list[set[str]] = []  # one set per running sweep
         self._busy: Counter[str] = Counter()  # leases with a resume in flight
+        self._unfiltered: set[str] = set()  # APIs that refused the status filter
 
     # -- triggers (never wait) ---------------------------------------------------------------
 
@@ -127,7 +135,7 @@ class Reaper:
             async with self.runtime.client_factory(call.config, call.api_key) as client:
                 try:
                     with deadline(min(call.timeout, LIST_DEADLINE_CAP), "Listing sandboxes"):
-                        views = await client.list_sandboxes(status="paused")
+                        views = await self._list_paused(client, call.config.api_url)
                 except ProviderError as exc:
                     await self._warn(f"Could not list the kept CreateOS sandboxes: {exc}")
                     return deleted
@@ -151,6 +159,24 @@ class Reaper:
         finally:
             self._spared.remove(spared)
         return deleted
+
+    async def _list_paused(self, client: CreateOSClient, api_url: str) -> list[SandboxView]:
+        """The paused sandboxes of the key: by the server's ``status`` filter, or, once that
+        API has refused it, every sandbox filtered here."""
+        if api_url not in self._unfiltered:
+            try:
+                return await client.list_sandboxes(status="paused")
+            except APIStatusError as exc:
+                if exc.status not in (400, 422):
+                    raise
+            self._unfiltered.add(api_url)
+            await self.log(
+                "info",
+                "CreateOS refused the status=paused filter of the sandbox list; the reaper now "
+                "lists every sandbox of the key and keeps the paused ones itself.",
+                None,
+            )
+        return [view for view in await client.list_sandboxes() if view.status == "paused"]
 
     async def _delete(self, client: CreateOSClient, call: BoundCall, choice: ReapChoice) -> bool:
         sandbox_id = choice.sandbox_id

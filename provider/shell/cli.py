@@ -37,9 +37,9 @@ def _parser() -> _Parser:
     parser.add_argument(
         "--api-url",
         default=None,
-        metavar="ORIGIN",
-        help="the CreateOS API origin (default https://api.sb.createos.sh; http only for "
-        "localhost, 127.0.0.1 or [::1])",
+        metavar="URL",
+        help="the CreateOS API URL: an origin, optionally with a gateway's path prefix "
+        "(default https://api.sb.createos.sh; http only for localhost, 127.0.0.1 or [::1])",
     )
     parser.add_argument("sandbox_id", metavar="SANDBOX_ID", help="the sandbox to open a shell in")
     return parser

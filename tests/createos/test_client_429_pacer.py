@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import httpx
 import pytest
 
@@ -25,13 +26,13 @@ class RecordingPacer(RequestPacer):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_429_penalizes_the_pacer_with_its_retry_after(stream: bool) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(429, headers={"Retry-After": "90"})  # longer than we wait
+        return httpx.Response(429, headers={"Retry-After": "90"})  # past the deadline below
 
     pacer = RecordingPacer()
     async with CreateOSClient(
         ORIGIN, "key", pacer=pacer, transport=httpx.MockTransport(handler)
     ) as client:
-        with pytest.raises(RateLimited):
+        with anyio.fail_after(30), pytest.raises(RateLimited):
             if stream:
                 async with client.connect("sb-1", "p-1", after=0):
                     pass

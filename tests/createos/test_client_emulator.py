@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -10,31 +9,10 @@ import pytest
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import APIConnectionError, NotFound, ServerError
 from provider.createos.models import DataFrame, ExitFrame
-from provider.createos.pacer import RequestPacer
 from provider.createos.stream import follow_process_output
-from provider.emulator.bwrap import BwrapUnavailable
 from provider.emulator.server import Emulator
 
 pytestmark = pytest.mark.anyio
-KEY = "client-test-key"
-
-
-@pytest.fixture
-async def emu() -> AsyncIterator[Emulator]:
-    try:
-        async with Emulator(api_keys=[KEY]) as emulator:
-            yield emulator
-    except BwrapUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-async def api(emu: Emulator) -> AsyncIterator[CreateOSClient]:
-    origin = emu.base_url.rstrip("/")
-    async with CreateOSClient(
-        origin, KEY, pacer=RequestPacer(origin, interval=0), backoff_base=0.01
-    ) as client:
-        yield client
 
 
 async def requests(emu: Emulator, method: str, suffix: str) -> list[dict[str, Any]]:

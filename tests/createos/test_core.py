@@ -185,17 +185,28 @@ async def test_idempotent_delete_is_retried_on_transient_statuses(
     assert len(httpserver.log) == 2
 
 
+@pytest.mark.parametrize(
+    ("status", "hint", "deadline"),
+    [(503, "7", None), (429, "90", 300.0)],  # a long hint is waited for when the deadline allows
+)
 async def test_retry_after_seconds_takes_priority_over_backoff(
-    httpserver: HTTPServer, client: CreateOSClient, delays: list[float]
+    httpserver: HTTPServer,
+    client: CreateOSClient,
+    delays: list[float],
+    status: int,
+    hint: str,
+    deadline: float | None,
 ) -> None:
     httpserver.expect_ordered_request(f"/v1/sandboxes/{SB}").respond_with_response(
-        fail(503, headers={"Retry-After": "7"})
+        fail(status, headers={"Retry-After": hint})
     )
     httpserver.expect_ordered_request(f"/v1/sandboxes/{SB}").respond_with_response(ok(running()))
 
-    await client.get_sandbox(SB)
+    with anyio.fail_after(deadline):
+        await client.get_sandbox(SB)
 
-    assert delays == [7.0]
+    assert delays == [float(hint)]
+    assert len(httpserver.log) == 2
 
 
 async def test_retry_after_http_date_is_honoured(
@@ -215,17 +226,37 @@ async def test_retry_after_http_date_is_honoured(
     assert 15.0 < delays[0] <= 20.0
 
 
-async def test_retry_after_beyond_the_cap_raises_at_once_with_the_hint(
+async def test_a_retry_after_past_the_deadline_raises_at_once_saying_so(
+    httpserver: HTTPServer, client: CreateOSClient, delays: list[float]
+) -> None:
+    httpserver.expect_request("/v1/sandboxes", method="POST").respond_with_response(
+        fail(429, headers={"Retry-After": "90"})
+    )
+
+    with anyio.fail_after(30), pytest.raises(RateLimited) as caught:
+        await client.create_sandbox(shape="s-1vcpu-1gb", name="pc-1", rootfs=None, region=None)
+
+    assert caught.value.retry_after == 90.0
+    assert str(caught.value).startswith(
+        "CreateOS create sandbox failed: HTTP 429 (rate limited): the server asked to retry in "
+        "90 s, past this operation's deadline ("
+    )
+    assert delays == []
+    assert len(httpserver.log) == 1
+
+
+async def test_without_a_deadline_a_retry_after_beyond_the_cap_raises_at_once(
     httpserver: HTTPServer, client: CreateOSClient, delays: list[float]
 ) -> None:
     httpserver.expect_request(f"/v1/sandboxes/{SB}").respond_with_response(
-        fail(429, headers={"Retry-After": "600"})
+        fail(429, headers={"Retry-After": "601"})
     )
 
     with pytest.raises(RateLimited) as caught:
         await client.get_sandbox(SB)
 
-    assert caught.value.retry_after == 600.0
+    assert caught.value.retry_after == 601.0
+    assert "longer than the 600 s a call without a deadline waits" in str(caught.value)
     assert delays == []
     assert len(httpserver.log) == 1
 
@@ -267,9 +298,9 @@ POSTS: list[tuple[str, str, PostCall]] = [
 ]
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 504, 408])
+@pytest.mark.parametrize("status", [429, 503, 500, 502, 504, 408])
 @pytest.mark.parametrize(("path", "call"), [p[1:] for p in POSTS], ids=[p[0] for p in POSTS])
-async def test_posts_are_never_retried_on_server_errors(
+async def test_posts_are_retried_on_429_and_503_only(
     httpserver: HTTPServer,
     client: CreateOSClient,
     delays: list[float],
@@ -277,32 +308,39 @@ async def test_posts_are_never_retried_on_server_errors(
     call: PostCall,
     status: int,
 ) -> None:
-    httpserver.expect_request(path, method="POST").respond_with_response(fail(status))
-
-    with pytest.raises(APIStatusError) as caught:
-        await call(client)
-
-    assert caught.value.status == status
-    assert len(httpserver.log) == 1
-    assert delays == []
-
-
-@pytest.mark.parametrize(("path", "call"), [p[1:] for p in POSTS], ids=[p[0] for p in POSTS])
-async def test_posts_are_retried_on_429(
-    httpserver: HTTPServer, client: CreateOSClient, delays: list[float], path: str, call: PostCall
-) -> None:
     answer = {
         "/v1/sandboxes": running(),
         f"/v1/sandboxes/{SB}/exec": {"result": {"stdout": "", "stderr": "", "exit_code": 0}},
         f"/v1/sandboxes/{SB}/processes": process(),
     }.get(path, {"ok": True})
-    httpserver.expect_ordered_request(path, method="POST").respond_with_response(fail(429))
+    httpserver.expect_ordered_request(path, method="POST").respond_with_response(fail(status))
     httpserver.expect_ordered_request(path, method="POST").respond_with_response(ok(answer))
+    retried = status in (429, 503)  # the server says it did not process the request
 
-    await call(client)
+    if retried:
+        await call(client)
+    else:
+        with pytest.raises(APIStatusError) as caught:
+            await call(client)
+        assert caught.value.status == status
+        assert caught.value.rejected is (status == 408)  # a 5xx other than 503: outcome unknown
 
-    assert len(httpserver.log) == 2
-    assert len(delays) == 1
+    assert len(httpserver.log) == (2 if retried else 1)
+    assert len(delays) == (1 if retried else 0)
+
+
+@pytest.mark.parametrize(("path", "call"), [p[1:] for p in POSTS], ids=[p[0] for p in POSTS])
+async def test_a_post_answered_503_after_its_retries_is_a_definite_rejection(
+    httpserver: HTTPServer, client: CreateOSClient, delays: list[float], path: str, call: PostCall
+) -> None:
+    httpserver.expect_request(path, method="POST").respond_with_response(fail(503))
+
+    with pytest.raises(ServerError) as caught:
+        await call(client)
+
+    assert caught.value.rejected  # the server did not process it: nothing was created
+    assert len(httpserver.log) == 3
+    assert len(delays) == 2
 
 
 class Refused:

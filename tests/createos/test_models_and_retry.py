@@ -94,6 +94,24 @@ def test_process_view_is_strict_about_types() -> None:
     assert view.tree_exited
 
 
+@pytest.mark.parametrize(
+    ("output", "newest"),
+    [
+        ({"oldest_seq": 1, "newest_seq": 17, "bytes": 5120}, 17),
+        ({"newest_seq": 0}, 0),
+        ({"newest_seq": "17"}, None),
+        ({"newest_seq": True}, None),
+        ({"newest_seq": -1}, None),
+        ("17", None),
+        (None, None),
+    ],
+)
+def test_process_view_reads_the_newest_seq_leniently(output: Any, newest: int | None) -> None:
+    view = process_view({"process_id": "p", "state": "running", "output": output}, "op")
+    assert view.newest_seq == newest
+    assert view.running
+
+
 def test_exec_result_accepts_the_older_flat_shape() -> None:
     flat = {"stdout": "a", "stderr": "b", "exit_code": 3}
     assert exec_result(flat, "op") == ExecResult("a", "b", 3, None)

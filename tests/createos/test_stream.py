@@ -168,14 +168,34 @@ async def test_connect_failures_5xx_and_429_reconnect_and_on_open_runs_once() ->
 
 
 @pytest.mark.anyio
-async def test_reconnect_budget_is_exhausted_after_four_attempts() -> None:
-    script = Script(503, [data(1, b"a"), cut()], [data(2, b"b")], 502, [EXIT7])
+async def test_reconnect_budget_is_exhausted_after_four_attempts_without_output() -> None:
+    script = Script(503, [HEARTBEAT, cut()], [HEARTBEAT], 502, [EXIT7])
 
     with pytest.raises(ReconnectBudgetExhausted, match="4 connection attempts"):
         await follow(script)
 
-    assert script.afters == [0, 0, 1, 2]
+    assert script.afters == [0, 0, 0, 0]
     assert len(script.steps) == 1  # the fifth answer was never requested
+
+
+@pytest.mark.anyio
+async def test_a_connection_that_delivers_output_starts_a_fresh_budget() -> None:
+    script = Script(
+        503,
+        [data(1, b"a"), cut()],
+        [data(2, b"b")],
+        502,
+        503,
+        [data(3, b"c"), cut()],
+        502,
+        503,
+        [EXIT7],
+    )
+
+    frames = await follow(script)
+
+    assert frames[-1] == ExitFrame(7, None)
+    assert script.afters == [0, 0, 1, 2, 2, 2, 3, 3, 3]
 
 
 @pytest.mark.anyio

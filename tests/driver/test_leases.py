@@ -222,7 +222,7 @@ async def test_waiting_for_a_state_already_reached_only_reads(harness: Harness) 
 
 async def test_acquire_workspace_failure_deletes_the_sandbox(harness: Harness) -> None:
     h = harness
-    await h.emulator.admin.add_fault("POST", r"/exec$", status=503)
+    await h.emulator.admin.add_fault("POST", r"/exec$", status=503, times=3)  # retries spent
     with pytest.raises(ProviderError, match="503"):
         await h.acquire()
     assert await live_sandboxes(h) == []
@@ -230,7 +230,7 @@ async def test_acquire_workspace_failure_deletes_the_sandbox(harness: Harness) -
 
 async def test_acquire_warns_when_cleanup_also_fails(harness: Harness) -> None:
     h = harness
-    await h.emulator.admin.add_fault("POST", r"/exec$", status=503)
+    await h.emulator.admin.add_fault("POST", r"/exec$", status=503, times=3)  # retries spent
     await h.emulator.admin.add_fault("DELETE", r"^/v1/sandboxes/[^/]+$", times=10, status=500)
     with pytest.raises(CleanupUnconfirmed, match=r"left behind") as caught:
         await h.acquire()

@@ -357,3 +357,33 @@ async def test_kept_forks_of_a_template_are_bounded_like_named_leases(harness: H
     receipt = await h.methods.destroy(h.lease_ref(current, reuseLease=True, snapshot=template))
     assert receipt is not None and receipt["state"] == "destroyed"
     assert journal.kept_forks(tag_of(h)) == frozenset()
+
+
+async def test_a_refused_status_filter_still_reaps_and_is_remembered(harness: Harness) -> None:
+    h = harness
+    await h.emulator.admin.settings(pause_delay_ms=0)
+    config: dict[str, Any] = {"reuseMaxKeptSandboxes": 1}
+    async with api_client(h) as client:
+        older = await kept_sandbox(client, name_token(tag_of(h)))
+        newer = await kept_sandbox(client, name_token(tag_of(h)))
+    await h.emulator.admin.add_fault("GET", r"^/v1/sandboxes$", status=400, times=1)
+    since = len(await requests(h))
+
+    first = await h.acquire(reuseLease=True, **config)  # sweeps: two kept, cap one
+    live = await statuses(h)
+    assert older not in live and live[newer] == "paused"
+    h.clock.advance(61)
+    await h.methods.release(h.lease_ref(first, reuseLease=True, **config))  # sweeps again
+    await h.settle()
+    live = await statuses(h)
+    assert newer not in live and live[first["providerLeaseId"]] == "paused"
+
+    queries = [(r["query"], r["status"]) for r in lists(await requests(h, since))]
+    assert queries == [
+        ("limit=100&offset=0&status=paused", 400),
+        ("limit=100&offset=0", 200),
+        ("limit=100&offset=0", 200),  # remembered: the filter is not asked for again
+    ]
+    refused = [m for _, m in h.logs if "refused the status=paused filter" in m]
+    assert len(refused) == 1
+    assert not [m for level, m in h.logs if level == "warn"]

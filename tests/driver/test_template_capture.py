@@ -140,12 +140,14 @@ async def test_a_gone_template_refuses_acquire_and_a_failed_setup_deletes_the_fo
     with pytest.raises(ProviderError, match="no longer exists"):
         await h.acquire(**template_config("sb_00000000000000000000000000"))
     ref, _ = await template(h)
-    await h.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/exec$", status=503)
+    await h.emulator.admin.add_fault(
+        "POST", r"^/v1/sandboxes/[^/]+/exec$", status=503, times=3
+    )  # retries spent
     since = await h.request_count()
     with pytest.raises(ProviderError, match="503"):
         await h.acquire(**template_config(ref))
     log = (await h.emulator.admin.requests())[since:]
-    (failed,) = [r["path"] for r in log if r["path"].endswith("/exec")]
+    (failed,) = {r["path"] for r in log if r["path"].endswith("/exec")}
     fork_id = failed.split("/")[3]
     assert fork_id != ref
     assert ("DELETE", f"/v1/sandboxes/{fork_id}") in [(r["method"], r["path"]) for r in log]
@@ -191,13 +193,14 @@ async def test_a_fork_whose_answer_was_lost_is_found_by_its_token_and_deleted(
 async def test_a_fork_that_lands_after_its_lookup_is_deleted_by_a_later_call(
     harness: Harness,
 ) -> None:
-    """A 503 fork: the lookup finds nothing, but a fork that timed out on our side may still be
+    """A 502 fork (outcome unknown; a 503 is a definite refusal): the lookup finds nothing,
+    but a fork that timed out on our side may still be
     served late, so the journal keeps watching its token; the next call deletes it."""
     h = harness
     ref, _ = await template(h)
     sent = record_bodies(h)
-    await h.emulator.admin.add_fault("POST", r"/fork$", status=503)
-    with pytest.raises(ProviderError, match="503") as caught:
+    await h.emulator.admin.add_fault("POST", r"/fork$", status=502)
+    with pytest.raises(ProviderError, match="502") as caught:
         await h.acquire(**template_config(ref))
     assert not isinstance(caught.value, CleanupUnconfirmed)
     (token,) = fork_tokens(sent)
@@ -225,7 +228,7 @@ async def test_a_fork_of_unknown_outcome_whose_lookup_fails_names_what_to_look_f
     h = harness
     ref, _ = await template(h)
     sent = record_bodies(h)
-    await h.emulator.admin.add_fault("POST", r"/fork$", status=503)
+    await h.emulator.admin.add_fault("POST", r"/fork$", status=502)
     await h.emulator.admin.add_fault("GET", r"^/v1/sandboxes$", times=50, status=500)
     with pytest.raises(CleanupUnconfirmed) as caught:
         await h.acquire(**template_config(ref))

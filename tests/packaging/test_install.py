@@ -2,7 +2,7 @@
 
 `make package` builds them (the session's `built` fixture, tests/packaging/conftest.py); each
 install runs `npm install <name>@<tgz> <runtime tgz> --prefix <dir> --save --ignore-scripts`
-(the host's flags, docs in /work/shared/spec/packaging.md) plus `--offline --no-audit --no-fund`
+(the host's flags) plus `--offline --no-audit --no-fund`
 so that nothing is asked of the registry (npm then leaves out the runtime packages of the other
 platforms, which it would skip anyway). The INSTALLED shim is started through the real
 `startWorker` (host/peer-driver.mjs): the manager forks it with its scrubbed environment (PATH,
@@ -70,13 +70,18 @@ EXIT_GUARD_S = 15.0
 
 # The bootstrap's and the shim's refusals (packaging/bootstrap.py, shim.mjs), spelled out.
 FIX = (
-    "install Python 3.11 or newer (3.11 to 3.14 are shipped) as python3 on the Paperclip "
-    "server's PATH, or run the plugin from a source checkout after `make setup`"
+    "install CPython 3.11 or newer (3.11 to 3.14 are shipped) on the Paperclip server as "
+    "python3 on the server's PATH, then restart the server or enable the plugin again"
 )
 NO_PYTHON = (
-    f"{MAIN}: no Python found: the worker needs Python 3.11 or newer as python3 on the "
-    "Paperclip server's PATH (3.11 to 3.14 are shipped); install it, or run the plugin from a "
-    "source checkout after `make setup`"
+    f"{MAIN}: no Python found: the worker needs CPython 3.11 or newer (3.11 to 3.14 are "
+    "shipped) as python3 on the Paperclip server's PATH; install it on the server, then restart "
+    "the server or enable the plugin again"
+)
+REINSTALL = (
+    "reinstall the plugin by name (paperclipai plugin uninstall, then plugin install) with npm's "
+    "optional dependencies on (no --omit=optional, no omit=optional in the npm config), then "
+    "restart the server or enable the plugin again"
 )
 EXIT_UNUSABLE = 78  # the bootstrap's EX_CONFIG
 EXIT_NO_PYTHON = 127  # the shim's
@@ -516,8 +521,7 @@ async def test_a_missing_runtime_package_is_refused(built: dict[str, Path], tmp_
     assert not alone.runtime.exists()
     message = (
         f"{MAIN}: the runtime package {RUNTIME} is not installed beside the plugin (npm leaves "
-        "optional dependencies out with --omit=optional): reinstall the plugin with optional "
-        "dependencies, or run it from a source checkout after `make setup`."
+        f"optional dependencies out with --omit=optional): {REINSTALL}."
     )
     bin_dir = host_bin(tmp_path / "bin", base_python())
     async with host(tmp_path, with_system_dirs(bin_dir)) as server:
@@ -557,7 +561,7 @@ async def test_compiled_modules_that_do_not_load_are_refused(
         re.escape(f"{MAIN}: the runtime for {host_key()} and Python {version} does not load ")
         + re.escape("on this machine (")
         + f".*{re.escape(str(extension.resolve()))}.*"
-        + re.escape(f"); {FIX}.")
+        + re.escape(f"): {REINSTALL}.")
     )
     bin_dir = host_bin(tmp_path / "bin", python)
     async with host(tmp_path, with_system_dirs(bin_dir)) as server:

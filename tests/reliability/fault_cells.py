@@ -6,7 +6,8 @@ is a site with one fault injected on the first matching request. :func:`expected
 outcome from the specs, never from the code:
 
 - createos-api.md 1.8: ``GET``, ``DELETE`` and replayable ``PUT`` are retried on transport errors,
-  408 and 5xx (at most twice); ``POST`` only on 429, honouring ``Retry-After``.
+  408 and 5xx (at most twice); ``POST`` on 429 and 503 (the server did not process it, as both
+  official SDKs read them), honouring ``Retry-After``.
 - provider-behavior.md 2.3: an unknown sandbox-create outcome is cleaned up by its name token and
   surfaced; 2.4.6: resume re-raises transient failures and answers "gone" only on 404;
   3.4: an unknown process-create outcome poisons the lease; 3.5: the output stream reconnects on
@@ -144,8 +145,8 @@ def expected(site: Site, fault: FaultSpec) -> Outcome:
         return "ok"
     if fault.name == "404":
         return "expired"  # 2.4.6: a 404 at any step of resume means gone
-    if fault.name == "429":
-        return "retried"  # 1.8: every request, POST included, is retried on 429
+    if fault.name in ("429", "503"):
+        return "retried"  # 1.8: every request, POST included, is retried on 429 and 503
     if fault.name == "503x4":
         return "poisoned" if site.kind == "kill" else "surfaced"
     if site.kind in ("idempotent", "kill", "stream"):

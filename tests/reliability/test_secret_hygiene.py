@@ -164,10 +164,10 @@ async def failing_calls(
     assert "401" in await expect_error(host, "environmentResumeLease", ref)
 
     busy = {"status": "error", "message": f"overloaded for {key}", "code": 503}
-    await admin.add_fault("POST", r"^/v1/sandboxes$", status=503, body=busy)
+    await admin.add_fault("POST", r"^/v1/sandboxes$", status=503, body=busy, times=3)
     assert "503" in await expect_error(host, "environmentAcquireLease", {**common, "runId": "r"})
 
-    await admin.add_fault("POST", r"/processes$", status=503)  # unknown outcome: poisoned
+    await admin.add_fault("POST", r"/processes$", status=502)  # unknown outcome: poisoned
     assert "Destroy" in await expect_error(host, "environmentExecute", {**leased, "command": "x"})
     refused = await expect_error(host, "environmentExecute", {**leased, "command": "x"})
     assert "destroy" in refused.lower()

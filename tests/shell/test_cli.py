@@ -39,7 +39,7 @@ async def test_a_missing_key_is_refused_without_any_request(
         "http://remote.example",
         "https://user:pw@h.example",
         "https://h.example/?k=v",
-        "https://h.example/other",
+        "https://h.example/v1/other",  # a path prefix is fine; /v1 may only end it
         "file:///var/run/x.sock",
         "ftp://h.example",
         "",
