@@ -89,10 +89,18 @@ class SyncSession:
         self.scratches = scratches
 
     async def new_workdir(self, parent: Path | None) -> Path:
-        """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
-        workdir: Path = await anyio.to_thread.run_sync(sync_files.make_workdir, parent)
-        if self.journal is not None:
-            await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
+        """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind.
+
+        Made and journaled under a shield: a cancel landing while the thread makes the folder
+        (a release cancelling the sync) would otherwise drop the path with the folder made."""
+        with anyio.CancelScope(shield=True):
+            workdir: Path = await anyio.to_thread.run_sync(sync_files.make_workdir, parent)
+            if self.journal is not None:
+                try:
+                    await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
+                except BaseException:
+                    await anyio.to_thread.run_sync(shutil.rmtree, workdir, True)
+                    raise
         return workdir
 
     async def drop_workdir(self, workdir: Path) -> None:

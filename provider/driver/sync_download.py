@@ -49,7 +49,8 @@ async def download(session: SyncSession, mapping: FileMapping) -> tuple[int, int
             sizes = sync_parts.parse_part_sizes(packed["stdout"])
         except ValueError as exc:
             raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
-        parents = await anyio.to_thread.run_sync(sync_files.make_dirs, target.parent)
+        with anyio.CancelScope(shield=True):  # a cancel here must not lose what was made
+            parents = await anyio.to_thread.run_sync(sync_files.make_dirs, target.parent)
         workdir = await session.new_workdir(target.parent)
         data = workdir / "data"
         size = await sync_files.get_to_file(
