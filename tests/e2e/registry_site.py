@@ -28,10 +28,11 @@ FILTERS_SINCE = (3, 11, 4)
 OLD_PYTHONS = (Path("/usr/bin/python3"), Path("/usr/bin/python3.11"))
 
 # What the agent leaves in its workspace (run by sh in the sandbox; dash's printf takes octal
-# escapes): bytes that are not text, several modes, links (relative, into a folder, dangling)
-# and an empty folder. EXPECTED_TREE is what the host must then hold, exactly. Directory modes
-# are not carried (tarfile's data filter ignores them, and so must the extraction without it):
-# every folder gets the server's default, 0o777 less its umask (DIR_MODE).
+# escapes): bytes that are not text, several modes, links (relative, into a folder, dangling,
+# and an absolute one leaving the tree, as a virtualenv's bin/python) and an empty folder.
+# EXPECTED_TREE is what the host must then hold, exactly. Directory modes are not carried
+# (tarfile's data filter ignores them, and so must the extraction without it): every folder
+# gets the server's default, 0o777 less its umask (DIR_MODE).
 GOOD_SCRIPT = """
 mkdir -p tree/sub tree/empty
 printf 'a\\000b\\377\\r\\n' > tree/bin.dat && chmod 0640 tree/bin.dat
@@ -40,6 +41,7 @@ printf 'only me' > tree/private && chmod 0600 tree/private
 ln -s sub/run.sh tree/to-run
 ln -s ../bin.dat tree/sub/up
 ln -s no-such-file tree/dangling
+ln -s /usr/bin/python3 tree/python
 chmod 0750 tree/sub
 """
 _UMASK = next(
@@ -57,10 +59,12 @@ EXPECTED_TREE: dict[str, tuple[str, int, bytes | str | None]] = {
     "tree/sub/up": ("link", 0o777, "../bin.dat"),
     "tree/to-run": ("link", 0o777, "sub/run.sh"),
     "tree/dangling": ("link", 0o777, "no-such-file"),
+    "tree/python": ("link", 0o777, "/usr/bin/python3"),
     "tree/empty": ("dir", DIR_MODE, None),
 }
-# A link leaving the workspace: the archive of the sync back must be refused whole.
-HOSTILE_SCRIPT = "ln -s ../../../../../../../../etc/hostname escape && echo kept > beside-it"
+# A FIFO in the workspace (it could block a host reader): the archive of the sync back must be
+# refused whole. (A link leaving the workspace is no longer hostile: it comes back as a link.)
+HOSTILE_SCRIPT = "mkfifo pipe && echo kept > beside-it"
 
 
 def host_key() -> str:
