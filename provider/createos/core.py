@@ -21,6 +21,15 @@ started: the error is raised at once (for a ``Retry-After`` the message says so)
 of any length is waited for when the deadline allows it; a call without a deadline waits at most
 :data:`~provider.createos.retry.MAX_RETRY_AFTER`. A stream is retried only while opening and only
 when asked (``retry_open``), never once its body has started.
+
+A caller that must know whether a request could have had an effect passes a :class:`Wire`: the
+core marks it ``sent`` only once the pacer has granted an attempt its slot, and clears it again
+when the server refused that attempt (a 429 or another ``rejected`` status), so a deadline that
+fires while the request waits for the pacer or for a retry leaves ``sent`` False and ``queued``
+True: nothing reached the server. A ``Wire`` with ``settle`` lets an attempt that is on the wire
+finish (up to ``settle`` seconds) past a cancellation, so that a create cut by its caller's
+deadline is answered (and can be cleaned up) instead of leaving its outcome unknown; the
+cancellation is delivered right after.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import importlib.metadata
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -40,6 +50,7 @@ import httpx
 from provider.createos.envelope import unwrap_success
 from provider.createos.errors import (
     APIStatusError,
+    APITimeout,
     CreateOSError,
     connection_error,
     response_error,
@@ -99,6 +110,17 @@ async def _sleep(seconds: float) -> None:
     await anyio.sleep(seconds)
 
 
+@dataclass
+class Wire:
+    """Where one request stands (see the module docstring): ``sent`` while an attempt may have
+    reached the server with its outcome unknown, ``queued`` while it waits for its turn at the
+    pacer or for a retry; ``settle``: seconds a sent attempt may run on past a cancellation."""
+
+    sent: bool = False
+    queued: bool = False
+    settle: float = 0.0
+
+
 class _Body:
     """A response body as an async iterator of bytes; transport errors become ours."""
 
@@ -134,6 +156,19 @@ def new_http_client(
         timeout=DEFAULT_TIMEOUT,
         transport=transport,
     )
+
+
+async def _settled(
+    send: Callable[[], Awaitable[httpx.Response]], wire: Wire, operation: str
+) -> httpx.Response:
+    """``send()``; with ``wire.settle``, shielded from cancellation for up to that long (the
+    cancellation held back is delivered at the caller's next checkpoint)."""
+    if wire.settle <= 0:
+        return await send()
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + wire.settle):
+        return await send()
+    await anyio.lowlevel.checkpoint()  # a cancellation held back by the shield wins
+    raise APITimeout(operation, f"CreateOS {operation} failed: no answer within {wire.settle:g} s.")
 
 
 class ClientCore:
@@ -196,6 +231,7 @@ class ClientCore:
         upload: Callable[[], UploadBody] | None = None,
         headers: Mapping[str, str] | None = None,
         limits: httpx.Timeout = DEFAULT_TIMEOUT,
+        wire: Wire | None = None,
     ) -> httpx.Response:
         """Send with pacing and retries; return the 2xx response or raise our error."""
 
@@ -216,7 +252,11 @@ class ClientCore:
                     body.close()
 
         return await self._attempts(
-            send, operation=operation, retry_on=retry_on, retry_transport=retry_transport
+            send,
+            operation=operation,
+            retry_on=retry_on,
+            retry_transport=retry_transport,
+            wire=wire,
         )
 
     async def _attempts(
@@ -226,18 +266,23 @@ class ClientCore:
         operation: str,
         retry_on: frozenset[int],
         retry_transport: bool,
+        wire: Wire | None = None,
     ) -> httpx.Response:
         """The one attempt loop: each attempt waits for the pacer, then ``send``s. Return the
         2xx response; retry a status in ``retry_on`` (and a transport error when
         ``retry_transport``) while :meth:`_retry_wait` allows; otherwise raise our error. A
-        refused answer is closed before the next attempt."""
+        refused answer is closed before the next attempt. ``wire`` is kept up to date (module
+        docstring)."""
+        wire = wire if wire is not None else Wire()
         attempt = 0
         while True:
+            wire.queued = True
             await self._pacer.wait_turn()
+            wire.queued, wire.sent = False, True
             cause: httpx.RequestError | None = None
             error: CreateOSError
             try:
-                response = await send()
+                response = await _settled(send, wire, operation)
             except httpx.RequestError as exc:
                 cause, error = exc, connection_error(operation, exc)
                 retryable = retry_transport
@@ -247,6 +292,8 @@ class ClientCore:
                 await response.aclose()
                 error = response_error(response, operation)
                 retryable = isinstance(error, APIStatusError) and error.status in retry_on
+                wire.sent = not (isinstance(error, APIStatusError) and error.rejected)
+            wire.queued = retryable  # a cancel in the retry wait leaves the request unsent
             final = await self._retry_wait(error, retryable, attempt)
             if final is None:
                 attempt += 1
@@ -286,6 +333,7 @@ class ClientCore:
         operation: str,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
+        wire: Wire | None = None,
     ) -> Any:
         """A JSend call: retried per the method (see the module docstring); returns ``data``."""
         idempotent = method in ("GET", "DELETE", "PUT", "PATCH")  # PATCH: absolute values only
@@ -297,6 +345,7 @@ class ClientCore:
             retry_transport=idempotent,
             params=params,
             json=json,
+            wire=wire,
         )
         return unwrap_success(response.status_code, response.content, operation)
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
-from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, stream_timeout
+from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, Wire, stream_timeout
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
 
@@ -43,9 +43,10 @@ class ProcessCalls(ClientCore):
         args: Sequence[str],
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
+        wire: Wire | None = None,
     ) -> ProcessView:
         """``POST .../processes``. Repeated only on 429 and 503; any other failure is raised
-        once.
+        once. ``wire`` tells whether the request was sent (:class:`~provider.createos.core.Wire`).
 
         ``pty`` = (rows, cols) gives the process a terminal of that size: its output then
         arrives as ``pty`` frames only, and ``/input`` is typed into the terminal."""
@@ -58,7 +59,7 @@ class ProcessCalls(ClientCore):
             rows, cols = pty
             body["pty"] = {"rows": rows, "cols": cols}
         data = await self._json_call(
-            "POST", f"/sandboxes/{sandbox_id}/processes", operation=operation, json=body
+            "POST", f"/sandboxes/{sandbox_id}/processes", operation=operation, json=body, wire=wire
         )
         return process_view(data, operation)
 

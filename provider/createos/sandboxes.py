@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from provider.createos.core import ClientCore
+from provider.createos.core import ClientCore, Wire
 from provider.createos.envelope import list_page
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import (
@@ -51,11 +51,13 @@ class SandboxCalls(ClientCore):
         region: str | None,
         egress: Sequence[str] | None = None,
         auto_pause_after_seconds: int | None = None,
+        wire: Wire | None = None,
     ) -> tuple[str, str | None]:
         """``POST /sandboxes``: the new id and the status the answer reported (None when it
         named none or an unknown one). ``egress``: the outbound allowlist (omitted: allow all);
         ``auto_pause_after_seconds``: CreateOS pauses the sandbox once idle that long.
-        Retried only on 429 and 503."""
+        Retried only on 429 and 503; ``wire`` tells whether the request was sent
+        (:class:`~provider.createos.core.Wire`)."""
         body: dict[str, Any] = {"shape": shape, "name": name}
         if rootfs is not None:
             body["rootfs"] = rootfs
@@ -67,7 +69,9 @@ class SandboxCalls(ClientCore):
             body["auto_pause_after_seconds"] = auto_pause_after_seconds
         body["ingress_enabled"] = False
         operation = "create sandbox"
-        data = await self._json_call("POST", "/sandboxes", operation=operation, json=body)
+        data = await self._json_call(
+            "POST", "/sandboxes", operation=operation, json=body, wire=wire
+        )
         sandbox_id = data.get("id") if isinstance(data, dict) else None
         if not is_valid_id(sandbox_id):
             raise APIProtocolError(f"CreateOS {operation} answered without a valid sandbox id.")

@@ -19,16 +19,18 @@ import anyio
 
 from provider.config import EnvironmentConfig, parse_config, resolve_api_key
 from provider.createos.client import CreateOSClient
+from provider.createos.core import Wire
 from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
 from provider.createos.pool import ConnectionPool
 from provider.driver.background import BackgroundTasks
+from provider.driver.gone import GoneLeases
 from provider.driver.journal import LeaseJournal
 from provider.driver.keepalive import default_interval
 from provider.driver.params import CallParams
 from provider.driver.reuse import scope_tag
 from provider.driver.tracker import LeaseTracker, ScopeKey
-from provider.errors import ProviderError, RequestRefused
+from provider.errors import ProviderError, RateLimitQueued, RequestRefused
 
 ROOT = "/paperclip-workspace"
 PROVIDER_NAME = "createos"
@@ -51,8 +53,13 @@ class DriverRuntime:
     pool: ConnectionPool = field(default_factory=ConnectionPool)
     #: seconds between keepalive reads of a warm lease, from its window (tests shorten it)
     keepalive_interval: Callable[[int], float] = default_interval
+    #: (origin, key hash) pairs whose open creates a background job is looking for
+    create_watches: set[tuple[str, str]] = field(default_factory=set)
+    #: sandboxes known to be gone (deleted or 404), backed by the journal
+    gone: GoneLeases = field(init=False)
 
     def __post_init__(self) -> None:
+        self.gone = GoneLeases(self.journal)
         if self.client_factory is default_client_factory:  # keep-alive connections per key
             pool = self.pool
             self.client_factory = lambda config, api_key: pool.client(config.api_url, api_key)
@@ -141,10 +148,18 @@ def foreign_fields(meta: Mapping[str, Any], expected: Sequence[tuple[str, str, s
 
 
 @contextmanager
-def deadline(seconds: float, what: str) -> Iterator[None]:
-    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`."""
+def deadline(seconds: float, what: str, *, wire: Wire | None = None) -> Iterator[None]:
+    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`, or
+    :class:`RateLimitQueued` when it came while ``wire``'s request waited for its turn."""
     try:
         with anyio.fail_after(seconds):
             yield
     except TimeoutError as exc:
+        if wire is not None and wire.queued and not wire.sent:
+            raise RateLimitQueued(
+                f"{what} did not finish within {seconds:g} s: its request was still waiting "
+                "for its turn in the CreateOS rate-limit queue (the API allows 300 requests a "
+                "minute per address), so nothing was sent. Try again later or with a longer "
+                "timeoutMs."
+            ) from exc
         raise ProviderError(f"{what} did not finish within {seconds:g} s.") from exc

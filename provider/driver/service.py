@@ -17,7 +17,9 @@ import anyio
 
 from provider.config import validate_config
 from provider.createos.client import CreateOSClient
-from provider.driver import acquire, leases, template_capture, templates
+from provider.createos.errors import NotFound
+from provider.driver import acquire, gone, leases, template_capture, templates
+from provider.driver.budget import host_bound
 from provider.driver.channels import DuplexChannels
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
 from provider.driver.interactive import Interactive
@@ -44,7 +46,7 @@ from provider.driver.process_records import JournaledProcesses
 from provider.driver.reaper import Reaper
 from provider.driver.recovery import claim_lease
 from provider.driver.registry import LeaseRef
-from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline
+from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline, owned_scope
 from provider.driver.sync import SyncSession
 from provider.driver.sync_plan import Direction, plan_sync
 from provider.driver.tracker import ScopeKey
@@ -55,6 +57,8 @@ DecodingHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 SHUTDOWN_BUDGET = 8.0
+SANDBOX_OPERATIONS = frozenset({"start process", "run command", "read sandbox"})
+"""Operations whose 404 means the sandbox itself is gone (not a process or a file in it)."""
 
 
 class DriverService:
@@ -208,9 +212,10 @@ class DriverService:
     # -- execute -----------------------------------------------------------------------------
 
     async def execute(self, params: dict[str, Any]) -> dict[str, Any]:
+        received = anyio.current_time()
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
-        scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
+        scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
         self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         timeout = (
             call.timeout
@@ -232,6 +237,7 @@ class DriverService:
             self.runtime.client_factory(call.config, call.api_key) as client,
             self._keepalive(client, scope, p.lease.metadata),
             self._poison_on_unconfirmed(scope),
+            self._gone_on_not_found(scope),
         ):
             # The relay's writer runs beside the command; the result is answered once it has
             # sent every live chunk. A failure is re-raised outside the task group so that it
@@ -244,7 +250,7 @@ class DriverService:
                         scope.lease_id,
                         spec,
                         on_output=relay.put,
-                        cleanup_timeout=call.timeout,
+                        cleanup_timeout=host_bound(call.timeout, timeout, since=received),
                         record=JournaledProcesses(self.runtime.journal, scope),
                     )
                 except Exception as exc:
@@ -264,10 +270,11 @@ class DriverService:
         return await self._sync(params, "out")
 
     async def _sync(self, params: dict[str, Any], direction: Direction) -> dict[str, Any]:
+        received = anyio.current_time()
         method = "environmentSyncIn" if direction == "in" else "environmentSyncOut"
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
-        scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
+        scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
         self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
@@ -279,12 +286,12 @@ class DriverService:
             session = SyncSession(
                 client,
                 scope.lease_id,
-                cleanup_timeout=call.timeout,
+                cleanup_timeout=host_bound(call.timeout, call.timeout, since=received),
                 log=self.log,
                 journal=self.runtime.journal,
                 record=JournaledProcesses(self.runtime.journal, scope),
             )
-            async with self._poison_on_unconfirmed(scope):
+            async with self._poison_on_unconfirmed(scope), self._gone_on_not_found(scope):
                 with deadline(call.timeout, "The file sync"):
                     if direction == "in":
                         results = await session.sync_in(planned)
@@ -303,6 +310,23 @@ class DriverService:
             warm_window(metadata),
             self.runtime.keepalive_interval,
         )
+
+    async def _claim(
+        self, call: BoundCall, lease_id: str | None, metadata: dict[str, Any] | None
+    ) -> ScopeKey:
+        """:func:`claim_lease`, refusing first (without a request) a lease known to be gone."""
+        await self.runtime.gone.refuse(owned_scope(call, lease_id, metadata))
+        return await claim_lease(self.runtime, call, lease_id, metadata)
+
+    @asynccontextmanager
+    async def _gone_on_not_found(self, scope: ScopeKey) -> AsyncIterator[None]:
+        """Remember the lease as gone when CreateOS answers 404 for its sandbox itself."""
+        try:
+            yield
+        except NotFound as exc:
+            if exc.operation in SANDBOX_OPERATIONS:
+                await self.runtime.gone.mark(scope, gone.NOT_FOUND)
+            raise
 
     @asynccontextmanager
     async def _poison_on_unconfirmed(self, scope: ScopeKey) -> AsyncIterator[None]:

@@ -41,6 +41,7 @@ import anyio
 from provider.createos.client import CreateOSClient
 from provider.driver import sync_files, sync_parts, sync_steps
 from provider.driver.archive import build_directory_archive, extract_archive
+from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import ROOT
@@ -62,7 +63,7 @@ class SyncSession:
         client: CreateOSClient,
         sandbox_id: str,
         *,
-        cleanup_timeout: float,
+        cleanup_timeout: CleanupBound | float,
         log: LogSink | None,
         journal: LeaseJournal | None = None,
         record: ProcessRecord | None = None,
@@ -79,7 +80,7 @@ class SyncSession:
         self.part_bytes = part_bytes
         self.client = client
         self.sandbox_id = sandbox_id
-        self.cleanup_timeout = cleanup_timeout
+        self.cleanup_timeout = as_bound(cleanup_timeout)  # one bound for every cleanup
         self.log = log
         self.journal = journal
         self.record = record
@@ -299,11 +300,7 @@ class SyncSession:
         """One ``exec`` (shielded, bounded, errors swallowed): ``rm -f`` of the scratch file, or
         of the scratch and every ``.part-*`` of it (a glob, so partial parts go too)."""
         command, args = scratch.removal_command()
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(self.cleanup_timeout),
-            contextlib.suppress(ProviderError),
-        ):
+        with self.cleanup_timeout.scope(), contextlib.suppress(ProviderError):
             await self.client.exec(self.sandbox_id, command, args)
 
 
