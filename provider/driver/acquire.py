@@ -321,8 +321,8 @@ async def _delete_after_failure(
 
 async def _cleaned_up(call: BoundCall, cleanup: Callable[[], Awaitable[None]]) -> bool:
     """Run ``cleanup`` under a fresh, shielded, bounded scope (it must run even after a
-    cancel); whether it finished without a provider error."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
+    cancel, and end within the host's budget); whether it finished without a provider error."""
+    with call.cleanup_bound(_cleanup_timeout(call)).scope():
         try:
             await cleanup()
             return True

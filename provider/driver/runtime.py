@@ -9,6 +9,7 @@ before any HTTP request.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
 from provider.createos.pool import ConnectionPool
 from provider.driver.background import BackgroundTasks
+from provider.driver.budget import CleanupBound, host_bound
 from provider.driver.gone import GoneLeases
 from provider.driver.journal import LeaseJournal
 from provider.driver.keepalive import default_interval
@@ -82,12 +84,14 @@ class DriverRuntime:
 
 @dataclass(frozen=True)
 class BoundCall:
-    """One call's parsed config, resolved key and identity."""
+    """One call's parsed config, resolved key and identity; ``received``: when the worker got
+    the call (anyio time), from which the host's budget for it counts."""
 
     config: EnvironmentConfig
     api_key: str
     company_id: str
     environment_id: str
+    received: float = -math.inf
 
     def scope(self, lease_id: str) -> ScopeKey:
         return ScopeKey.build(
@@ -102,6 +106,13 @@ class BoundCall:
     def timeout(self) -> float:
         return self.config.timeout_ms / 1000
 
+    def cleanup_bound(self, cap: float) -> CleanupBound:
+        """Cleanup of this call: ``cap`` seconds, never past the host's budget for a verb whose
+        budget counts from ``config.timeoutMs`` (acquire, release, destroy, sync)."""
+        if math.isinf(self.received):
+            return CleanupBound(cap)
+        return host_bound(cap, self.timeout, since=self.received)
+
     @property
     def scope_tag(self) -> str:
         """This environment's tag in sandbox names and the kept-fork ledger (2.13)."""
@@ -111,7 +122,9 @@ class BoundCall:
 def bind_call(runtime: DriverRuntime, params: CallParams) -> BoundCall:
     config = parse_config(params.config)
     api_key = resolve_api_key(config, runtime.environ)
-    return BoundCall(config, api_key, params.companyId, params.environmentId)
+    return BoundCall(
+        config, api_key, params.companyId, params.environmentId, received=anyio.current_time()
+    )
 
 
 def owned_scope(

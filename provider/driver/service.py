@@ -212,7 +212,6 @@ class DriverService:
     # -- execute -----------------------------------------------------------------------------
 
     async def execute(self, params: dict[str, Any]) -> dict[str, Any]:
-        received = anyio.current_time()
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
         scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
@@ -250,7 +249,7 @@ class DriverService:
                         scope.lease_id,
                         spec,
                         on_output=relay.put,
-                        cleanup_timeout=host_bound(call.timeout, timeout, since=received),
+                        cleanup_timeout=host_bound(call.timeout, timeout, since=call.received),
                         record=JournaledProcesses(self.runtime.journal, scope),
                     )
                 except Exception as exc:
@@ -270,7 +269,6 @@ class DriverService:
         return await self._sync(params, "out")
 
     async def _sync(self, params: dict[str, Any], direction: Direction) -> dict[str, Any]:
-        received = anyio.current_time()
         method = "environmentSyncIn" if direction == "in" else "environmentSyncOut"
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
@@ -286,7 +284,7 @@ class DriverService:
             session = SyncSession(
                 client,
                 scope.lease_id,
-                cleanup_timeout=host_bound(call.timeout, call.timeout, since=received),
+                cleanup_timeout=call.cleanup_bound(call.timeout),
                 log=self.log,
                 journal=self.runtime.journal,
                 record=JournaledProcesses(self.runtime.journal, scope),
