@@ -5,8 +5,11 @@ A host may keep calling on a lease after its sandbox was deleted (the callback b
 leases). Each such call used to cost a paced request answered 404, and enough of them spend the
 whole API budget of the address. :class:`GoneLeases` remembers the sandboxes this worker deleted
 (a release without reuse, a destroy) and those CreateOS answered 404 for, by origin, key and
-sandbox id: calls on them are refused with :class:`~provider.errors.LeaseGone` before any
-request. A reuse release (the sandbox kept, paused or warm) is *not* gone: resume must work.
+sandbox id: executes and syncs on them are refused with :class:`~provider.errors.LeaseGone`
+before any request, and resume answers gone. A release or destroy sends nothing only for a
+sandbox deleted here (:meth:`GoneLeases.deleted_here`): after a mere 404 it still deletes, which
+costs one request and can never leave a sandbox billing. A reuse release (the sandbox kept,
+paused or warm) is *not* gone: resume must work.
 
 The memory is bounded (:data:`MEMORY_CAP` entries, the oldest dropped first) and expires after
 :data:`TTL_SECONDS`; the journal's ``gone`` table (capped too) keeps the same facts across a
@@ -79,6 +82,12 @@ class GoneLeases:
             return None
         self._remember(key, *row)
         return row[0]
+
+    async def deleted_here(self, scope: ScopeKey) -> bool:
+        """Whether this worker (or one before it) deleted ``scope``'s sandbox itself. A 404
+        alone does not count: a release or destroy still sends its delete then, since a
+        sandbox wrongly taken for gone would otherwise bill on."""
+        return await self.reason(scope) in (RELEASED, DESTROYED)
 
     def _remember(self, key: _Key, reason: str, at: float) -> None:
         self._memory[key] = (reason, at)

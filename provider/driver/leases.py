@@ -112,7 +112,7 @@ async def release(
         return None
     call = bind_call(runtime, params)
     owned = owned_scope(call, params.providerLeaseId, params.leaseMetadata)
-    if await runtime.gone.reason(owned):  # deleted already: nothing to do, no request
+    if await runtime.gone.deleted_here(owned):  # deleted already: nothing to do, no request
         return {"providerLeaseId": owned.lease_id, "state": "destroyed"}
     scope = await claim_lease(runtime, call, params.providerLeaseId, params.leaseMetadata)
     sandbox_id = scope.lease_id

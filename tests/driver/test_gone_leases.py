@@ -80,6 +80,10 @@ async def test_a_sandbox_answered_404_is_gone_after_one_request(harness: Harness
         await h.methods.execute(call)
     message = await refused_without_requests(h, h.methods, call)
     assert "no longer exists (CreateOS answered 404 for it)" in message
+    before = await h.request_count()
+    receipt = await h.methods.destroy(h.lease_ref(lease))  # a 404 alone: the delete still goes
+    assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "destroyed"}
+    assert await h.request_count() > before
     await h.methods.destroy(h.lease_ref(acquired))
 
 
