@@ -22,14 +22,8 @@ of any length is waited for when the deadline allows it; a call without a deadli
 :data:`~provider.createos.retry.MAX_RETRY_AFTER`. A stream is retried only while opening and only
 when asked (``retry_open``), never once its body has started.
 
-A caller that must know whether a request could have had an effect passes a :class:`Wire`: the
-core marks it ``sent`` only once the pacer has granted an attempt its slot, and clears it again
-when the server refused that attempt (a 429 or another ``rejected`` status), so a deadline that
-fires while the request waits for the pacer or for a retry leaves ``sent`` False and ``queued``
-True: nothing reached the server. A ``Wire`` with ``settle`` lets an attempt that is on the wire
-finish (up to ``settle`` seconds) past a cancellation, so that a create cut by its caller's
-deadline is answered (and can be cleaned up) instead of leaving its outcome unknown; the
-cancellation is delivered right after.
+A caller that must know whether a request could have had an effect passes a
+:class:`~provider.createos.wire.Wire`, which the attempt loop keeps up to date.
 """
 
 from __future__ import annotations
@@ -38,7 +32,6 @@ import importlib.metadata
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -50,7 +43,6 @@ import httpx
 from provider.createos.envelope import unwrap_success
 from provider.createos.errors import (
     APIStatusError,
-    APITimeout,
     CreateOSError,
     connection_error,
     response_error,
@@ -59,6 +51,7 @@ from provider.createos.errors import (
 from provider.createos.pacer import RequestPacer, pacer_for
 from provider.createos.retry import backoff_delay, wait_refused
 from provider.createos.upload import UploadBody
+from provider.createos.wire import Wire, settled
 
 try:
     _VERSION = importlib.metadata.version("paperclip-plugin-createos")
@@ -101,6 +94,8 @@ _widen_http11_reads()
 
 IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses a GET, DELETE or replayable PUT is retried on."""
+NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport failures before any byte of the request left: nothing reached the server."""
 POST_RETRY: Final = frozenset({429, 503})
 """Statuses a POST is retried on (the server says it did not process the request)."""
 
@@ -108,17 +103,6 @@ POST_RETRY: Final = frozenset({429, 503})
 async def _sleep(seconds: float) -> None:
     """The wait between attempts (a seam for tests)."""
     await anyio.sleep(seconds)
-
-
-@dataclass
-class Wire:
-    """Where one request stands (see the module docstring): ``sent`` while an attempt may have
-    reached the server with its outcome unknown, ``queued`` while it waits for its turn at the
-    pacer or for a retry; ``settle``: seconds a sent attempt may run on past a cancellation."""
-
-    sent: bool = False
-    queued: bool = False
-    settle: float = 0.0
 
 
 class _Body:
@@ -156,19 +140,6 @@ def new_http_client(
         timeout=DEFAULT_TIMEOUT,
         transport=transport,
     )
-
-
-async def _settled(
-    send: Callable[[], Awaitable[httpx.Response]], wire: Wire, operation: str
-) -> httpx.Response:
-    """``send()``; with ``wire.settle``, shielded from cancellation for up to that long (the
-    cancellation held back is delivered at the caller's next checkpoint)."""
-    if wire.settle <= 0:
-        return await send()
-    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + wire.settle):
-        return await send()
-    await anyio.lowlevel.checkpoint()  # a cancellation held back by the shield wins
-    raise APITimeout(operation, f"CreateOS {operation} failed: no answer within {wire.settle:g} s.")
 
 
 class ClientCore:
@@ -282,10 +253,11 @@ class ClientCore:
             cause: httpx.RequestError | None = None
             error: CreateOSError
             try:
-                response = await _settled(send, wire, operation)
+                response = await settled(send, wire, operation)
             except httpx.RequestError as exc:
                 cause, error = exc, connection_error(operation, exc)
                 retryable = retry_transport
+                wire.sent = not isinstance(exc, NOT_SENT)
             else:
                 if 200 <= response.status_code < 300:
                     return response

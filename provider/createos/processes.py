@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
-from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, Wire, stream_timeout
+from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, stream_timeout
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
+from provider.createos.wire import Wire
 
 MAX_INPUT_BYTES: Final = 256 * 1024  # decoded bytes per /input request
 MAX_PTY_SIDE: Final = 1000  # rows and cols of a PTY: integers from 1 to this (createos-api.md 8.6)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from provider.createos.core import ClientCore, Wire
+from provider.createos.core import ClientCore
 from provider.createos.envelope import list_page
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import (
@@ -25,6 +25,7 @@ from provider.createos.models import (
     require_id,
     sandbox_view,
 )
+from provider.createos.wire import Wire
 
 LIST_PAGE: Final = 100
 _MAX_PAGES: Final = 10_000

@@ -20,9 +20,9 @@ from typing import Any
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.createos.core import Wire
 from provider.createos.errors import APIStatusError, InvalidIdentifier
 from provider.createos.models import SandboxView
+from provider.createos.wire import Wire
 from provider.driver.create_watch import watch_creates
 from provider.driver.forks import ForkRefused, carries_token, fork_template, fork_token
 from provider.driver.journal import LeaseJournal

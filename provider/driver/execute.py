@@ -28,10 +28,10 @@ from typing import Any, Protocol
 import anyio
 
 from provider.createos.client import MAX_INPUT_BYTES, CreateOSClient
-from provider.createos.core import Wire
 from provider.createos.errors import Conflict, MalformedFrame, NotFound
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
+from provider.createos.wire import Wire
 from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.output import StreamDecoder, TailBuffer
 from provider.driver.sandbox_ops import kill_tree

@@ -20,10 +20,10 @@ import anyio
 
 from provider.config import EnvironmentConfig, parse_config, resolve_api_key
 from provider.createos.client import CreateOSClient
-from provider.createos.core import Wire
 from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
 from provider.createos.pool import ConnectionPool
+from provider.createos.wire import Wire
 from provider.driver.background import BackgroundTasks
 from provider.driver.budget import CleanupBound, host_bound
 from provider.driver.gone import GoneLeases

@@ -4,6 +4,7 @@ outcome open; ``settle`` lets a request on the wire finish past its caller's can
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import AsyncIterator
 
@@ -14,9 +15,9 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from provider.createos.client import CreateOSClient
-from provider.createos.core import Wire
-from provider.createos.errors import RateLimited, ServerError
+from provider.createos.errors import APIConnectionError, RateLimited, ServerError
 from provider.createos.pacer import CAPACITY, RequestPacer
+from provider.createos.wire import Wire
 from tests.createos.conftest import API_KEY
 from tests.createos.scripts import SB, fail, ok, process
 
@@ -90,3 +91,15 @@ async def test_settle_lets_a_sent_create_finish_past_its_cancellation(
                 created.append("not reached: the cancellation comes at the next checkpoint")
     assert scope.cancelled_caught
     assert created == [process()["process_id"]]
+
+
+async def test_a_refused_connection_leaves_it_unsent() -> None:
+    with socket.socket() as listener:  # a port nobody listens on: bound, never listening
+        listener.bind(("127.0.0.1", 0))
+        origin = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        pacer = RequestPacer(origin, interval=0, shared_dir=None)
+        async with CreateOSClient(origin, API_KEY, pacer=pacer, max_retries=0) as api:
+            wire = Wire()
+            with pytest.raises(APIConnectionError):
+                await api.create_process(SB, cmd="/bin/true", args=[], wire=wire)
+    assert wire.sent is False
