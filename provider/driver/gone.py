@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Final
 
 import anyio
 
+from provider.createos.errors import NotFound
 from provider.driver.journal import LeaseJournal
 from provider.driver.tracker import ScopeKey
 from provider.errors import LeaseGone
@@ -34,6 +36,8 @@ TTL_SECONDS: Final = 24 * 3600.0
 RELEASED: Final = "was deleted when the lease was released"
 DESTROYED: Final = "was deleted when the lease was destroyed"
 NOT_FOUND: Final = "no longer exists (CreateOS answered 404 for it)"
+SANDBOX_OPERATIONS: Final = frozenset({"start process", "run command", "read sandbox"})
+"""Operations whose 404 means the sandbox itself is gone."""
 _Key = tuple[str, str, str]
 
 
@@ -88,6 +92,17 @@ class GoneLeases:
         alone does not count: a release or destroy still sends its delete then, since a
         sandbox wrongly taken for gone would otherwise bill on."""
         return await self.reason(scope) in (RELEASED, DESTROYED)
+
+    @asynccontextmanager
+    async def on_not_found(self, scope: ScopeKey) -> AsyncIterator[None]:
+        """Around a call's work: a 404 for ``scope``'s sandbox itself (not for a process or a
+        file in it: :data:`SANDBOX_OPERATIONS`) marks it gone."""
+        try:
+            yield
+        except NotFound as exc:
+            if exc.operation in SANDBOX_OPERATIONS:
+                await self.mark(scope, NOT_FOUND)
+            raise
 
     def _remember(self, key: _Key, reason: str, at: float) -> None:
         self._memory[key] = (reason, at)

@@ -17,8 +17,7 @@ import anyio
 
 from provider.config import validate_config
 from provider.createos.client import CreateOSClient
-from provider.createos.errors import NotFound
-from provider.driver import acquire, gone, leases, template_capture, templates
+from provider.driver import acquire, leases, template_capture, templates
 from provider.driver.budget import host_bound
 from provider.driver.channels import DuplexChannels
 from provider.driver.execute import CommandSpec, run_command, timeout_seconds
@@ -57,8 +56,6 @@ DecodingHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 SHUTDOWN_BUDGET = 8.0
-SANDBOX_OPERATIONS = frozenset({"start process", "run command", "read sandbox"})
-"""Operations whose 404 means the sandbox itself is gone (not a process or a file in it)."""
 
 
 class DriverService:
@@ -236,7 +233,7 @@ class DriverService:
             self.runtime.client_factory(call.config, call.api_key) as client,
             self._keepalive(client, scope, p.lease.metadata),
             self._poison_on_unconfirmed(scope),
-            self._gone_on_not_found(scope),
+            self.runtime.gone.on_not_found(scope),
         ):
             # The relay's writer runs beside the command; the result is answered once it has
             # sent every live chunk. A failure is re-raised outside the task group so that it
@@ -289,7 +286,7 @@ class DriverService:
                 journal=self.runtime.journal,
                 record=JournaledProcesses(self.runtime.journal, scope),
             )
-            async with self._poison_on_unconfirmed(scope), self._gone_on_not_found(scope):
+            async with self._poison_on_unconfirmed(scope), self.runtime.gone.on_not_found(scope):
                 with deadline(call.timeout, "The file sync"):
                     if direction == "in":
                         results = await session.sync_in(planned)
@@ -315,16 +312,6 @@ class DriverService:
         """:func:`claim_lease`, refusing first (without a request) a lease known to be gone."""
         await self.runtime.gone.refuse(owned_scope(call, lease_id, metadata))
         return await claim_lease(self.runtime, call, lease_id, metadata)
-
-    @asynccontextmanager
-    async def _gone_on_not_found(self, scope: ScopeKey) -> AsyncIterator[None]:
-        """Remember the lease as gone when CreateOS answers 404 for its sandbox itself."""
-        try:
-            yield
-        except NotFound as exc:
-            if exc.operation in SANDBOX_OPERATIONS:
-                await self.runtime.gone.mark(scope, gone.NOT_FOUND)
-            raise
 
     @asynccontextmanager
     async def _poison_on_unconfirmed(self, scope: ScopeKey) -> AsyncIterator[None]:
