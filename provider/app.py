@@ -48,10 +48,16 @@ def _driver_table() -> tuple[dict[str, MethodHandler], _HostChannel]:
 def build_dispatcher(*, initialized: bool = False) -> Dispatcher:
     """The dispatcher serving every registered driver method, with the driver's shutdown hook."""
     from provider.driver import methods
+    from provider.driver.text_params import lone_surrogate_policy
     from provider.rpc.dispatcher import Dispatcher
 
     table, channel = _driver_table()
-    dispatcher = Dispatcher(table, on_shutdown=methods.shutdown, initialized=initialized)
+    dispatcher = Dispatcher(
+        table,
+        on_shutdown=methods.shutdown,
+        initialized=initialized,
+        text_policy=lone_surrogate_policy,
+    )
     channel.dispatcher = dispatcher
     return dispatcher
 
@@ -75,10 +81,16 @@ def run_stdio() -> None:
     import anyio
 
     from provider.driver import methods
+    from provider.driver.text_params import lone_surrogate_policy
     from provider.rpc.dispatcher import Dispatcher
     from provider.rpc.runner import serve_stdio
 
-    dispatcher = Dispatcher(table, on_shutdown=methods.shutdown, initialized=request_id is not None)
+    dispatcher = Dispatcher(
+        table,
+        on_shutdown=methods.shutdown,
+        initialized=request_id is not None,
+        text_policy=lone_surrogate_policy,
+    )
     channel.dispatcher = dispatcher
 
     async def serve() -> None:

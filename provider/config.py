@@ -146,6 +146,9 @@ def _collect(raw: object) -> tuple[EnvironmentConfig | None, list[ConfigError]]:
         except ConfigError as exc:
             errors.append(exc)
             texts[field] = None
+    if texts["apiKey"] is not None and not is_key_text(texts["apiKey"]):
+        errors.append(ConfigError(_KEY_CHARACTERS.format(where="apiKey"), field="apiKey"))
+        texts["apiKey"] = None
     shape = texts["shape"]
     if shape is None and not any(e.field == "shape" for e in errors):
         errors.append(
@@ -249,8 +252,16 @@ def validate_config(raw: object) -> dict[str, object]:
     return result
 
 
-def _usable_key(key: str) -> bool:
-    return bool(key) and not any(ch in key for ch in "\r\n\x00")
+_KEY_CHARACTERS: Final = (
+    "{where} holds a space, a control character or a non-ASCII character (a CreateOS API key is "
+    "printable ASCII, sent as the X-Api-Key header): paste the key alone, as CreateOS issued it"
+)
+
+
+def is_key_text(key: str) -> bool:
+    """True for a non-empty key of visible ASCII only (``!`` to ``~``): what an HTTP header can
+    carry unchanged. Anything else would fail to encode (non-ASCII) or split the header."""
+    return bool(key) and all(0x21 <= ord(ch) <= 0x7E for ch in key)
 
 
 def resolve_api_key(config: EnvironmentConfig, environ: Mapping[str, str] | None = None) -> str:
@@ -266,10 +277,13 @@ def resolve_api_key(config: EnvironmentConfig, environ: Mapping[str, str] | None
             f"the environment config ({API_KEY_ENV} is honoured for the official endpoint only)",
             field="apiKey",
         )
-    if not _usable_key(key):
+    if not key:
         raise ConfigError(
             f"no usable CreateOS API key: set apiKey in the environment config or provide "
             f"{API_KEY_ENV} to the worker (the key must be non-empty, on one line)",
             field="apiKey",
         )
+    if not is_key_text(key):
+        where = "apiKey" if config.api_key is not None else f"the worker's {API_KEY_ENV}"
+        raise ConfigError(_KEY_CHARACTERS.format(where=where), field="apiKey")
     return key

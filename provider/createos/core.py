@@ -111,6 +111,7 @@ class _Body:
     def __init__(self, response: httpx.Response, operation: str) -> None:
         self._chunks = response.aiter_bytes()
         self._operation = operation
+        self.content_type = response.headers.get("content-type", "")  # a download checks it
 
     def __aiter__(self) -> _Body:
         return self

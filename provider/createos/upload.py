@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -63,7 +65,12 @@ class UploadBody:
             self.close()
 
     def _open(self, path: Path) -> BinaryIO:
-        handle = path.open("rb")
+        # O_NONBLOCK: a FIFO put in the file's place would block a plain open forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CreateOSError(f"CreateOS upload file failed: {path} is not a regular file.")
+        handle = os.fdopen(fd, "rb")
         if self._offset:
             handle.seek(self._offset)
         return handle

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from provider.config import is_key_text
 from provider.devtools.demo_hosts import (
     HOST_CHOICES,
     HostChoice,
@@ -95,6 +96,9 @@ def _read_key(key_file: Path | None) -> str:
         key = os.environ.get(KEY_VARIABLE, "").strip()
     if not key:
         raise UsageError(f"--api-url needs a key: set {KEY_VARIABLE} or pass --api-key-file")
+    if not is_key_text(key):
+        where = "--api-key-file" if key_file is not None else KEY_VARIABLE
+        raise UsageError(f"{where} holds spaces, control or non-ASCII characters: give the key")
     return key
 
 

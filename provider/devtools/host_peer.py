@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -310,7 +311,11 @@ class HostPeer(PeerSessions):
         self._pending[request_id] = done
         if on_log is not None:
             self._log_callbacks[request_id] = on_log
-        line = msgspec.json.encode({**(payload or {}), "id": request_id, "op": op}) + b"\n"
+        message = {**(payload or {}), "id": request_id, "op": op}
+        try:
+            line = msgspec.json.encode(message) + b"\n"
+        except UnicodeEncodeError:  # a lone surrogate, which a test sends on purpose:
+            line = json.dumps(message).encode() + b"\n"  # as an escape, like Node writes it
         try:
             await process.stdin.send(line)
             with anyio.fail_after(timeout_s):

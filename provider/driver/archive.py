@@ -4,7 +4,8 @@ All functions block (disk and tar work); callers run them in worker threads. Arc
 uncompressed PAX tars built with :mod:`tarfile`, members rooted at ``./`` (``./keep``,
 ``./sub/file``; no entry for the root itself), uid/gid 0 without user or group names, integer
 mtimes kept, permission bits kept without setuid/setgid/sticky. A host hard link is stored as a
-regular file each time it appears. Sockets, FIFOs and device files are skipped, never opened.
+regular file each time it appears. Sockets, FIFOs and device files are skipped, never opened,
+and counted (with the first few names) so the caller can report them.
 
 Exclusion patterns (inbound, host side; spec 5.8)
 --------------------------------------------------
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 MAX_ARCHIVE_TOTAL = 10 * 1024**3
+SKIPPED_NAMES = 5
 _COPY_BUFFER = 1024 * 1024
 _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -78,6 +80,7 @@ class ArchiveStats:
     files: int  # regular-file members
     bytes: int  # size of the archive file, headers included
     skipped: int = 0  # sockets, FIFOs and devices left out
+    skipped_names: tuple[str, ...] = ()  # the first SKIPPED_NAMES of them, archive-relative
 
 
 # --- exclusions --------------------------------------------------------------------------------
@@ -297,6 +300,7 @@ def build_directory_archive(
     streamed. ``dest_file`` itself is never archived even if it lies inside the source.
     """
     files = skipped = 0
+    skipped_names: list[str] = []
     try:
         with tarfile.TarFile(
             dest_file, "w", format=tarfile.PAX_FORMAT, copybufsize=_COPY_BUFFER
@@ -305,6 +309,8 @@ def build_directory_archive(
             for entry in _walk(source_dir, exclude, follow_symlinks):
                 if entry.kind == "special":
                     skipped += 1
+                    if len(skipped_names) < SKIPPED_NAMES:
+                        skipped_names.append(entry.name)
                 elif entry.kind == "file":
                     if _key(entry.st) == own_key:
                         continue
@@ -319,7 +325,7 @@ def build_directory_archive(
         raise TransferError(
             f"could not archive {source_dir}{where}: {exc.strerror or exc}"
         ) from exc
-    return ArchiveStats(files=files, bytes=dest_file.stat().st_size, skipped=skipped)
+    return ArchiveStats(files, dest_file.stat().st_size, skipped, tuple(skipped_names))
 
 
 # --- validation (extraction is provider.driver.archive_extract's) ------------------------------

@@ -12,10 +12,14 @@ Rules, any failure refusing the whole archive with one generic message:
 - types: regular (old style included), directory, symlink, hard link; devices, FIFOs,
   contiguous, sparse (GNU or PAX) and anything else refused;
 - no member lies below a member that is not a directory (nothing is written through a link);
-- symlink targets: non-empty, relative, no backslash or NUL; resolved from the member's directory
-  through the archive's own symlinks (as the kernel would after extraction), never above the
-  root; a hard link names an earlier regular member, from the root and without ``..`` (stricter
-  than "stays inside": GNU tar never writes anything else).
+- symlink targets: non-empty, no backslash or NUL, otherwise kept as text, absolute or leaving
+  the root included (a virtualenv's ``bin/python -> /usr/bin/python3``): a symlink is only a
+  name, nothing is ever created below one (the rule above) and neither extraction nor install
+  follows one, so its target is never read or written here (RELIABILITY.md "Sync out on the
+  host" has the whole argument); a hard link names an earlier regular member, from the root and
+  without ``..`` (stricter than "stays inside": GNU tar never writes anything else).
+
+The error names the first refused entry (``ArchiveRefused.entry``) when there is one.
 
 Extraction (:mod:`provider.driver.archive_extract`) then creates the checked members itself,
 with the ``data`` filter's mode rules, never through a link, and guards against links that
@@ -34,7 +38,6 @@ from provider.errors import TransferError
 
 MAX_MEMBERS = 1_000_000
 _MAX_SINGLE_READ = 16 * 1024 * 1024
-_MAX_LINK_HOPS = 40
 _ALLOWED = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE}
 _REGULAR = {tarfile.REGTYPE, tarfile.AREGTYPE}
 
@@ -48,13 +51,15 @@ COPY_BUFFER = 1024 * 1024
 class ArchiveRefused(TransferError):
     """The sandbox's archive failed validation; nothing was extracted."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, entry: str | None = None) -> None:
+        named = f" (refused entry: {entry[:200]!r})" if entry is not None else ""
         super().__init__(
             "the archive from the sandbox was refused: it is malformed or holds an unsafe entry "
-            "(absolute or '..' path, link leaving the target, device, FIFO, sparse file, or too "
-            "much data); nothing was extracted"
+            "(absolute or '..' path, device, FIFO, sparse file, bad link, or too much data); "
+            f"nothing was extracted{named}"
         )
         self.reason = reason  # for tests and debugging; not part of the public message
+        self.entry = entry
 
 
 class _Oversized(Exception):
@@ -105,36 +110,7 @@ def _check_text(text: str, what: str) -> None:
         raise ArchiveRefused(f"{what} is absolute")
 
 
-def _resolve_inside(start: _Key, target: str, symlinks: dict[_Key, str]) -> bool:
-    """Follow ``target`` from directory ``start`` through the archive's symlinks; False if the
-    path goes above the root or the hops do not end."""
-    stack = list(start)
-    pending = target.split("/")
-    pending.reverse()
-    hops = 0
-    while pending:
-        part = pending.pop()
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not stack:
-                return False
-            stack.pop()
-            continue
-        stack.append(part)
-        link = symlinks.get(tuple(stack))
-        if link is not None:
-            hops += 1
-            if hops > _MAX_LINK_HOPS:
-                return False
-            stack.pop()
-            pending.extend(reversed(link.split("/")))
-    return True
-
-
-def _check_member(
-    member: tarfile.TarInfo, kinds: dict[_Key, str], symlinks: dict[_Key, str]
-) -> None:
+def _check_member(member: tarfile.TarInfo, kinds: dict[_Key, str]) -> None:
     if member.type not in _ALLOWED:
         raise ArchiveRefused(f"member type {member.type!r} is not allowed")
     if member.sparse is not None or any(k.startswith("GNU.sparse") for k in member.pax_headers):
@@ -156,10 +132,10 @@ def _check_member(
     if kind in ("link", "hard"):
         if not member.linkname:
             raise ArchiveRefused("a link has an empty target")
-        _check_text(member.linkname, "a link target")
-    if kind == "link":
-        symlinks[key] = member.linkname
-    elif kind == "hard":
+        if "\0" in member.linkname or "\\" in member.linkname:
+            raise ArchiveRefused("a link target holds NUL or a backslash")
+    if kind == "hard":
+        _check_text(member.linkname, "a hard link target")
         target = _segments(member.linkname)
         if target is None or kinds.get(target) != "file":
             raise ArchiveRefused("a hard link does not name an earlier regular member")
@@ -169,14 +145,11 @@ def _check_member(
     member.name = "/".join(key) if key else "."
 
 
-def _check_tree(kinds: dict[_Key, str], symlinks: dict[_Key, str]) -> None:
+def _check_tree(kinds: dict[_Key, str]) -> None:
     for key in kinds:
         for end in range(1, len(key)):
             if kinds.get(key[:end], "dir") != "dir":
-                raise ArchiveRefused("a member lies below a link or a file")
-    for key, target in symlinks.items():
-        if not _resolve_inside(key[:-1], target, symlinks):
-            raise ArchiveRefused("a symlink resolves outside the archive root")
+                raise ArchiveRefused("a member lies below a link or a file", "/".join(key))
 
 
 def _check_trailer(raw: io.BufferedReader, end: int, file_size: int) -> None:
@@ -225,21 +198,23 @@ def open_validated(
         # What tarfile.open(mode="r:") builds (plain tar), with a larger copy buffer.
         tar = tarfile.TarFile(fileobj=_CappedReader(raw), mode="r", copybufsize=COPY_BUFFER)
         kinds: dict[_Key, str] = {}
-        symlinks: dict[_Key, str] = {}
         members: list[tarfile.TarInfo] = []
         total = regular = 0
         for member in tar:
             members.append(member)
             if len(members) > max_members:
                 raise ArchiveRefused("too many members")
-            _check_member(member, kinds, symlinks)
+            try:
+                _check_member(member, kinds)
+            except ArchiveRefused as refused:
+                raise ArchiveRefused(refused.reason, member.name) from None
             total += member.size
             if total > max_total:
                 raise ArchiveRefused("declared sizes exceed the limit")
             if member.offset_data + member.size > file_size:
                 raise ArchiveRefused("a member's data runs past the end of the file")
             regular += member.type in _REGULAR
-        _check_tree(kinds, symlinks)
+        _check_tree(kinds)
         _check_trailer(raw, tar.offset, file_size)
         return ValidatedArchive(tar, members, regular, raw)
     except BaseException as exc:

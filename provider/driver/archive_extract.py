@@ -4,15 +4,16 @@
 does not use ``extractall`` at all: one code path, ours, on every Python. It runs in two phases.
 
 1. **Stage.** The archive is validated whole first (:func:`open_validated`, spec 5.7: no
-   absolute or ``..`` name, no member below a link or a file, links resolving inside, no device,
-   FIFO or sparse member). Then each checked member is created in a private staging folder
-   next to the target (the sync's journaled 0700 temp folder, on the target's filesystem):
-   directories with the default mode (as the ``data`` filter: archived directory modes are
-   ignored), regular files created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``), their
-   bytes streamed and their mode sanitised as the ``data`` filter does (:func:`file_mode`),
-   symlinks with their checked text, hard links to the staged earlier member; mtimes as
-   archived. Owners are never set. The target is not touched in this phase, so any failure
-   here (a full disk, an unreadable archive) leaves it as it was.
+   absolute or ``..`` name, no member below a link or a file, no device, FIFO or sparse
+   member; a symlink's target is kept as text, even an absolute one, as nothing follows it).
+   Then each checked member is created in a private staging folder next to the target (the
+   sync's journaled 0700 temp folder, on the target's filesystem): directories with the
+   default mode (as the ``data`` filter: archived directory modes are ignored), regular files
+   created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``), their bytes streamed and their mode
+   sanitised as the ``data`` filter does (:func:`file_mode`), symlinks with their checked text,
+   hard links to the staged earlier member; mtimes as archived. Owners are never set. The
+   target is not touched in this phase, so any failure here (a full disk, an unreadable
+   archive) leaves it as it was.
 2. **Install** (:mod:`provider.driver.archive_install`): the staged tree moves into the target
    by ``rename`` only, never through a link; a failure undoes what was moved.
 

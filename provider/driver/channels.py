@@ -23,6 +23,7 @@ import msgspec
 from provider.createos.client import MAX_INPUT_BYTES
 from provider.createos.errors import Conflict, MalformedFrame, NotFound
 from provider.createos.models import DataFrame
+from provider.driver.command_size import check_script
 from provider.driver.interactive import Interactive, OpenTarget
 from provider.driver.output import StreamDecoder
 from provider.driver.params import decode_params
@@ -34,13 +35,13 @@ from provider.replies import AfterReply
 KIND: Final = "duplex channel"
 DATA_CHUNK_BYTES: Final = 196_608  # base64 of it stays within 262,144 characters
 MAX_ARGS: Final = 1000
-MAX_COMMAND_BYTES: Final = 1024 * 1024
 MAX_WRITE_BYTES: Final = 8 * 1024 * 1024
 MALFORMED_LIMIT: Final = 100
 STDERR_LINE_CHARS: Final = 4000
 STDERR_BUDGET: Final = 65_536
 GATE: Final = b"g"
 GATE_SLACK_SECONDS: Final = 20
+GATE_SECONDS: Final = int(OPEN_DEADLINE_CAP) + GATE_SLACK_SECONDS
 
 
 class ChannelOpenParams(msgspec.Struct, kw_only=True):
@@ -67,19 +68,23 @@ class ChannelCloseParams(msgspec.Struct, kw_only=True):
 
 
 def check_command(command: list[str]) -> None:
+    """Refuse a channel argv that cannot start: empty, NUL, too many elements, or a script past
+    the one-argument bound (:mod:`provider.driver.command_size`), before any request."""
     if not command:
         raise InvalidParams("duplexChannelOpen needs a non-empty command array.")
     if len(command) > MAX_ARGS:
         raise InvalidParams(f"A channel command has at most {MAX_ARGS} elements.")
-    total = 0
     for index, arg in enumerate(command):
         if not arg:
             raise InvalidParams(f"command[{index}] is empty.")
         if "\0" in arg:
             raise InvalidParams(f"command[{index}] contains a NUL character.")
-        total += len(arg.encode("utf-8", "surrogatepass"))
-    if total > MAX_COMMAND_BYTES:
-        raise InvalidParams("A channel command is limited to 1 MiB in total.")
+    check_script(
+        channel_script(command, GATE_SECONDS),
+        "The channel command",
+        [(f"command[{index}]", arg) for index, arg in enumerate(command)],
+        "Start a script synced into the sandbox instead.",
+    )
 
 
 def channel_script(command: list[str], gate_seconds: int) -> str:
@@ -229,7 +234,7 @@ class DuplexChannels:
         check_command(p.command)
         target: OpenTarget = self.interactive.check_open(KIND, p, "duplexChannelOpen")
         session = self.interactive.new_session(DuplexSession, KIND, target, "duplex")
-        script = channel_script(p.command, int(OPEN_DEADLINE_CAP) + GATE_SLACK_SECONDS)
+        script = channel_script(p.command, GATE_SECONDS)
 
         async def start(s: RemoteSession) -> None:
             await start_process(s, script=script, login=False, pty=None)

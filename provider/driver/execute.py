@@ -4,7 +4,9 @@ The command runs as an argv inside a bash wrapper that waits for EOF on its stdi
 gate), so nothing is printed before the output stream is attached: create, connect, close is the
 whole sequence (3 requests). Stdin up to 256 KiB travels through one ``/input`` instead of the
 close, the wrapper waiting for exactly that many bytes (3 requests); larger stdin is staged as a
-file before the process is created (4 requests).
+file before the process is created (4 requests). The command, args, env and cwd travel inside
+the one ``bash -lc`` argument, bounded by :mod:`provider.driver.command_size`: a command past it
+is refused by :func:`prepare_command` before any request.
 Output is followed frame by frame, decoded per stream, sent live through ``on_output``
 and kept as a bounded tail. Whatever ends the command early (deadline, cancellation, a protocol
 failure) kills the whole remote process tree under a fresh, shielded deadline that never passes
@@ -33,6 +35,7 @@ from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.createos.wire import Wire
 from provider.driver.budget import CleanupBound, as_bound
+from provider.driver.command_size import check_script
 from provider.driver.output import StreamDecoder, TailBuffer
 from provider.driver.sandbox_ops import kill_tree
 from provider.driver.shell import StdinMode, build_wrapper_script, validate_env
@@ -76,6 +79,57 @@ def check_command(spec: CommandSpec) -> None:
     if any("\0" in arg for arg in spec.args):
         raise InvalidParams("An argument contains a NUL character.")
     validate_env(spec.env)
+
+
+@dataclass(frozen=True)
+class PreparedCommand:
+    """What :func:`run_command` sends: the wrapper script and where the stdin goes."""
+
+    script: str
+    stdin: bytes
+    stdin_path: str | None  # the staged stdin file, for stdin over one /input
+
+
+def prepare_command(spec: CommandSpec) -> PreparedCommand:
+    """Check ``spec`` (3.1, and the one-argument bound) and build its wrapper; raises
+    InvalidParams (or RequestRefused) before any request, never echoing a value."""
+    prepared = build_command(spec)
+    inputs = [
+        ("the command", spec.command),
+        ("the cwd", spec.cwd or ""),
+        *((f"args[{index}]", arg) for index, arg in enumerate(spec.args)),
+        *((f"the env value of {name}", value) for name, value in spec.env.items()),
+    ]
+    check_script(
+        prepared.script,
+        "The command",
+        inputs,
+        "Pass large data as stdin or in a file synced in first (neither travels in it).",
+    )
+    return prepared
+
+
+def build_command(spec: CommandSpec) -> PreparedCommand:
+    """The wrapper of ``spec`` after the checks of 3.1, whatever its size."""
+    check_command(spec)
+    stdin = spec.stdin.encode("utf-8") if spec.stdin else b""
+    stdin_path: str | None = None
+    mode: StdinMode = "none"
+    if len(stdin) > MAX_INPUT_BYTES:
+        mode, stdin_path = "file", f"/tmp/paperclip-stdin-{uuid.uuid4().hex}"
+    elif stdin:
+        mode = "pipe"
+    script = build_wrapper_script(
+        command=spec.command,
+        args=spec.args,
+        env=spec.env,
+        cwd=spec.cwd,
+        gate_seconds=math.ceil(spec.timeout) + GATE_SLACK_SECONDS,
+        stdin=mode,
+        stdin_path=stdin_path,
+        stdin_length=len(stdin) if mode == "pipe" else 0,
+    )
+    return PreparedCommand(script, stdin, stdin_path)
 
 
 def timeout_seconds(timeout_ms: object, what: str) -> float:
@@ -136,24 +190,8 @@ async def run_command(
 ) -> dict[str, Any]:
     """Run ``spec`` to completion or deadline; see the module docstring for the guarantees.
     ``cleanup_timeout`` bounds the whole cleanup (a number: seconds, with no host budget)."""
-    check_command(spec)
-    stdin = spec.stdin.encode("utf-8") if spec.stdin else b""
-    stdin_path: str | None = None
-    mode: StdinMode = "none"
-    if len(stdin) > MAX_INPUT_BYTES:
-        mode, stdin_path = "file", f"/tmp/paperclip-stdin-{uuid.uuid4().hex}"
-    elif stdin:
-        mode = "pipe"
-    script = build_wrapper_script(
-        command=spec.command,
-        args=spec.args,
-        env=spec.env,
-        cwd=spec.cwd,
-        gate_seconds=math.ceil(spec.timeout) + GATE_SLACK_SECONDS,
-        stdin=mode,
-        stdin_path=stdin_path,
-        stdin_length=len(stdin) if mode == "pipe" else 0,
-    )
+    prepared = prepare_command(spec)
+    script, stdin, stdin_path = prepared.script, prepared.stdin, prepared.stdin_path
     run = _Run()
     try:
         with anyio.move_on_after(spec.timeout) as timer:

@@ -10,6 +10,8 @@ safe for several worker processes at once) in the worker's state folder:
   found and deleted later; also creates whose call ended with the outcome still open (a create
   that timed out may land after its lookup), which later calls keep looking for;
 - ``tempdirs``: host temp folders of file transfers in flight;
+- ``scratches``: sandbox scratch files of file transfers in flight (sandbox id and path), so an
+  upload's copy of the host files left by a crash is removed from a kept sandbox;
 - ``kept_forks``: reusable leases forked from a template, by scope tag. Forks take no
   name, so this is how the reaper knows them as this environment's (provider.driver.reaper);
   the newest :data:`KEPT_FORKS_CAP` rows are kept;
@@ -56,6 +58,8 @@ CREATE TABLE IF NOT EXISTS {db}.processes (
 CREATE TABLE IF NOT EXISTS {db}.creates (
   token TEXT PRIMARY KEY, api_url TEXT, key_hash TEXT, owner TEXT);
 CREATE TABLE IF NOT EXISTS {db}.tempdirs (path TEXT PRIMARY KEY, owner TEXT);
+CREATE TABLE IF NOT EXISTS {db}.scratches (
+  path TEXT PRIMARY KEY, sandbox_id TEXT, api_url TEXT, key_hash TEXT, owner TEXT);
 CREATE TABLE IF NOT EXISTS {db}.kept_forks (
   sandbox_id TEXT PRIMARY KEY, tag TEXT, key_hash TEXT, recorded_at REAL);
 CREATE TABLE IF NOT EXISTS {db}.gone (
@@ -259,6 +263,26 @@ class LeaseJournal:
     def orphan_tempdirs(self) -> list[Path]:
         rows = self._select("SELECT path, owner FROM {db}.tempdirs")
         return [Path(path) for path, owner in rows if not owner_alive(owner)]
+
+    # -- sandbox scratch files ---------------------------------------------------------------
+
+    def add_scratch(self, scope: ScopeKey, path: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO scratches VALUES (?,?,?,?,?)",
+                (path, scope.lease_id, scope.api_url, scope.key_hash, self.owner),
+            )
+
+    def remove_scratch(self, path: str) -> None:
+        self._delete("DELETE FROM {db}.scratches WHERE path=?", (path,))
+
+    def orphan_scratches(self, api_url: str, key_hash: str) -> list[tuple[str, str]]:
+        """``(sandbox id, scratch path)`` of transfers whose worker is gone."""
+        rows = self._select(
+            "SELECT sandbox_id, path, owner FROM {db}.scratches WHERE api_url=? AND key_hash=?",
+            (api_url, key_hash),
+        )
+        return [(sandbox_id, path) for sandbox_id, path, owner in rows if not owner_alive(owner)]
 
     # -- kept forks ---------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ call's API origin and key it finds journal entries whose owner process is gone: 
 that may still run (their tree is killed; if that cannot be confirmed the lease is poisoned),
 sandbox creates and forks that never finished or whose outcome stayed open (the sandbox carrying
 the token, as its name or as a fork's env key, is deleted; one not found yet is looked for again
-while the journal watches it), and host temp folders of interrupted transfers (removed).
+while the journal watches it), host temp folders of interrupted transfers (removed), and their
+sandbox scratch files (removed with one ``exec`` each; the row is kept for a later call only
+when CreateOS could not be reached, so a sandbox since deleted does not cost a request forever).
 Nothing happens, and no HTTP request is made, when the journal holds no orphan for that origin
 and key.
 """
@@ -20,9 +22,11 @@ from typing import Any
 import anyio
 
 from provider.createos.client import CreateOSClient
+from provider.createos.errors import APIConnectionError
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import BoundCall, DriverRuntime, owned_scope
 from provider.driver.sandbox_ops import delete_sandbox_confirmed, kill_tree
+from provider.driver.sync_parts import Scratch
 from provider.driver.tracker import ScopeKey
 from provider.errors import ProviderError
 
@@ -36,10 +40,13 @@ async def recover_orphans(runtime: DriverRuntime, call: BoundCall) -> None:
         journal.orphan_processes, call.config.api_url, key_hash
     )
     creates = await anyio.to_thread.run_sync(journal.orphan_creates, call.config.api_url, key_hash)
+    scratches = await anyio.to_thread.run_sync(
+        journal.orphan_scratches, call.config.api_url, key_hash
+    )
     tempdirs = await anyio.to_thread.run_sync(journal.orphan_tempdirs)
     for path in tempdirs:
         await anyio.to_thread.run_sync(_remove_tempdir, journal, path)
-    if not processes and not creates:
+    if not processes and not creates and not scratches:
         return
     async with runtime.client_factory(call.config, call.api_key) as client:
         with anyio.move_on_after(RECOVERY_BUDGET):
@@ -52,6 +59,8 @@ async def recover_orphans(runtime: DriverRuntime, call: BoundCall) -> None:
                     await anyio.to_thread.run_sync(journal.mark_unconfirmed, orphan.scope)
             if creates:
                 await _reap_creates(client, journal, set(creates))
+            for sandbox_id, scratch in scratches:
+                await _remove_scratch(client, journal, sandbox_id, scratch)
 
 
 async def claim_lease(
@@ -84,6 +93,21 @@ async def _reap_creates(client: CreateOSClient, journal: LeaseJournal, tokens: s
     for token in tokens:  # not found: done, unless a late create may still land
         if not await anyio.to_thread.run_sync(journal.watching_create, token):
             await anyio.to_thread.run_sync(journal.remove_create, token)
+
+
+async def _remove_scratch(
+    client: CreateOSClient, journal: LeaseJournal, sandbox_id: str, path: str
+) -> None:
+    """``rm -f`` the scratch and its parts; any answer from CreateOS (removed, or the sandbox
+    gone or not running) settles the row, a connection error keeps it for the next call."""
+    command, args = Scratch(path, parts=1).removal_command()
+    try:
+        await client.exec(sandbox_id, command, args)
+    except APIConnectionError:
+        return
+    except ProviderError:
+        pass
+    await anyio.to_thread.run_sync(journal.remove_scratch, path)
 
 
 def _remove_tempdir(journal: LeaseJournal, path: Path) -> None:

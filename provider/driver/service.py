@@ -20,7 +20,7 @@ from provider.createos.client import CreateOSClient
 from provider.driver import acquire, leases, template_capture, templates
 from provider.driver.budget import host_bound
 from provider.driver.channels import DuplexChannels
-from provider.driver.execute import CommandSpec, run_command, timeout_seconds
+from provider.driver.execute import CommandSpec, prepare_command, run_command, timeout_seconds
 from provider.driver.interactive import Interactive
 from provider.driver.keepalive import keepalive, warm_window
 from provider.driver.live import LiveRelay
@@ -48,6 +48,7 @@ from provider.driver.registry import LeaseRef
 from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline, owned_scope
 from provider.driver.sync import SyncSession
 from provider.driver.sync_plan import Direction, plan_sync
+from provider.driver.sync_size import check_sync_sizes
 from provider.driver.tracker import ScopeKey
 from provider.errors import CleanupUnconfirmed, InvalidParams
 
@@ -211,8 +212,6 @@ class DriverService:
     async def execute(self, params: dict[str, Any]) -> dict[str, Any]:
         p = decode_params(params, ExecuteParams, "environmentExecute")
         call = bind_call(self.runtime, p)
-        scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
-        self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         timeout = (
             call.timeout
             if p.timeoutMs is None
@@ -226,6 +225,9 @@ class DriverService:
             stdin=p.stdin,
             timeout=timeout,
         )
+        prepare_command(spec)  # refuses bad or oversized values before any request
+        scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
+        self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         relay = LiveRelay(self.notify)
         failure: Exception | None = None
         async with (
@@ -273,18 +275,21 @@ class DriverService:
         self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
+        check_sync_sizes(planned, direction)
         async with (
             self.runtime.tracker.track(scope, "file sync"),
             self.runtime.client_factory(call.config, call.api_key) as client,
             self._keepalive(client, scope, p.lease.metadata),
         ):
+            records = JournaledProcesses(self.runtime.journal, scope)
             session = SyncSession(
                 client,
                 scope.lease_id,
                 cleanup_timeout=call.cleanup_bound(call.timeout),
                 log=self.log,
                 journal=self.runtime.journal,
-                record=JournaledProcesses(self.runtime.journal, scope),
+                record=records,
+                scratches=records,
             )
             async with self._poison_on_unconfirmed(scope), self.runtime.gone.on_not_found(scope):
                 with deadline(call.timeout, "The file sync"):

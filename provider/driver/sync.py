@@ -4,6 +4,7 @@ Bytes never cross JSON-RPC and never go through process output: they are streame
 files API between host temp files and sandbox scratch files, and a guarded control command moves
 them into place inside the sandbox. See provider-behavior.md 5. This module orchestrates, per
 mapping, what to pack, send, place, fetch and clean up; the pieces are
+:mod:`provider.driver.sync_download` (one outbound mapping: pack, fetch, install),
 :mod:`provider.driver.sync_files` (the host side: temp folders, streamed ``PUT``s of byte ranges
 of a host file, ``GET``s appended to one host file, the atomic install),
 :mod:`provider.driver.sync_steps` (the one sandbox command of an inbound operation) and
@@ -32,19 +33,20 @@ import contextlib
 import math
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.driver import sync_files, sync_parts, sync_steps
-from provider.driver.archive import build_directory_archive, extract_archive
+from provider.driver import archive, sync_files, sync_parts, sync_steps
+from provider.driver.archive import ArchiveStats, build_directory_archive
 from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
+from provider.driver.process_records import JournaledProcesses
 from provider.driver.runtime import ROOT
+from provider.driver.sync_download import download
 from provider.driver.sync_files import LogSink
 from provider.driver.sync_parts import Scratch
 from provider.driver.sync_plan import FileMapping, PlannedOperation
@@ -52,7 +54,6 @@ from provider.errors import ProviderError, TransferError
 
 PART_BYTES: Final = 256 * 1024 * 1024
 """Largest byte range one PUT or GET of a sync carries (CreateOS takes about 500 MiB a file)."""
-SCRATCH_PREFIX: Final = "/tmp/paperclip-createos-transfer-"
 
 
 class SyncSession:
@@ -67,10 +68,12 @@ class SyncSession:
         log: LogSink | None,
         journal: LeaseJournal | None = None,
         record: ProcessRecord | None = None,
+        scratches: JournaledProcesses | None = None,
         part_bytes: int | None = None,
     ) -> None:
         """``journal`` records host temp folders, ``record`` the sandbox processes (control
-        and post-upload commands), so a worker crash leaves neither behind for good.
+        and post-upload commands), ``scratches`` the sandbox scratch files, so a worker crash
+        leaves none of them behind for good.
         ``part_bytes`` (default :data:`PART_BYTES`, read when the session is made) is the
         largest byte range one transfer request carries; larger archives and files travel as
         parts (module docstring)."""
@@ -84,15 +87,24 @@ class SyncSession:
         self.log = log
         self.journal = journal
         self.record = record
+        self.scratches = scratches
 
-    async def _new_workdir(self, parent: Path | None) -> Path:
-        """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind."""
-        workdir: Path = await anyio.to_thread.run_sync(sync_files.make_workdir, parent)
-        if self.journal is not None:
-            await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
+    async def new_workdir(self, parent: Path | None) -> Path:
+        """A fresh 0700 host temp folder, journaled so a crash cannot leave it behind.
+
+        Made and journaled under a shield: a cancel landing while the thread makes the folder
+        (a release cancelling the sync) would otherwise drop the path with the folder made."""
+        with anyio.CancelScope(shield=True):
+            workdir: Path = await anyio.to_thread.run_sync(sync_files.make_workdir, parent)
+            if self.journal is not None:
+                try:
+                    await anyio.to_thread.run_sync(self.journal.add_tempdir, workdir)
+                except BaseException:
+                    await anyio.to_thread.run_sync(shutil.rmtree, workdir, True)
+                    raise
         return workdir
 
-    async def _drop_workdir(self, workdir: Path) -> None:
+    async def drop_workdir(self, workdir: Path) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdir, ignore_errors=True))
             if self.journal is not None:
@@ -111,15 +123,19 @@ class SyncSession:
         scratches: list[Scratch] = []
         steps: list[sync_steps.Step] = []
         files = transferred = 0
+        skipped = 0
+        skipped_paths: list[str] = []
         placed = False
         try:
             for mapping in op.mappings:
-                scratch = Scratch(_new_scratch())
+                scratch = Scratch(sync_parts.new_scratch())
                 scratches.append(scratch)
                 with sync_files.host_errors(f"Reading {mapping.host_path}"):
-                    count, size, text = await self._upload(mapping, scratch)
+                    count, size, text, left_out = await self._upload(mapping, scratch)
                 steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
                 files, transferred = files + count, transferred + size
+                skipped += left_out.skipped
+                skipped_paths += [str(mapping.host_path / n) for n in left_out.skipped_names]
             for command in op.post_upload:
                 budget = command.timeout if command.timeout is not None else math.inf
                 remaining = anyio.current_effective_deadline() - anyio.current_time()
@@ -130,10 +146,14 @@ class SyncSession:
                 await self._run_steps(steps, scratches)
             placed = True
         finally:
-            if not placed:
-                for scratch in scratches:
-                    await self._remove_scratch(scratch)
-        return _result(op, files, transferred)
+            for scratch in scratches:  # placed: the operation's EXIT trap removed them
+                if scratch.sent:
+                    await self.remove_scratch(scratch, done=placed)
+        result = _result(op, files, transferred)
+        if skipped:  # sockets, FIFOs and devices left out: their count and the first few
+            result["skippedSpecialFiles"] = skipped
+            result["skippedPaths"] = skipped_paths[: archive.SKIPPED_NAMES]
+        return result
 
     async def sync_out(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
         results = []
@@ -141,18 +161,22 @@ class SyncSession:
             files = transferred = 0
             for mapping in op.mappings:
                 with sync_files.host_errors(f"Writing {mapping.host_path}"):
-                    count, size = await self._download(mapping)
+                    count, size = await download(self, mapping)
                 files, transferred = files + count, transferred + size
             results.append(_result(op, files, transferred))
         return results
 
     # -- inbound -----------------------------------------------------------------------------
 
-    async def _upload(self, mapping: FileMapping, scratch: Scratch) -> tuple[int, int, str]:
+    async def _upload(
+        self, mapping: FileMapping, scratch: Scratch
+    ) -> tuple[int, int, str, ArchiveStats]:
         """PUT one mapping to ``scratch`` (as parts when it is larger than a part: then
-        ``scratch.parts`` is set before the first PUT, so cleanup knows); answers (files,
-        bytes, the placement text)."""
-        workdir = await self._new_workdir(None)
+        ``scratch.parts`` is set before the first PUT, and ``scratch.sent``, once journaled, so
+        cleanup knows; a source refused before that costs no request); answers (files,
+        bytes, the placement text, the archive's stats for the special files it left out)."""
+        stats = ArchiveStats(files=1, bytes=0)
+        workdir = await self.new_workdir(None)
         try:
             if mapping.kind == "directory":
                 data = workdir / "data"
@@ -165,9 +189,12 @@ class SyncSession:
                     )
                 )
                 files = stats.files
+                info = await anyio.to_thread.run_sync(os.stat, data)
+                if stats.skipped:
+                    await self._warn_skipped(mapping, stats)
             else:
                 data, files = mapping.host_path, 1
-            info = await anyio.to_thread.run_sync(os.stat, data)  # one stat: size and mode
+                info = await anyio.to_thread.run_sync(sync_files.check_source_file, data)
             size = info.st_size
             if mapping.mode is not None:
                 mode = mapping.mode
@@ -183,6 +210,8 @@ class SyncSession:
                         f"{sync_parts.MAX_PARTS} parts of {self.part_bytes} bytes."
                     )
                 scratch.parts = parts
+            await self.journal_scratch(scratch.path)
+            scratch.sent = True
             await sync_files.put_ranges(
                 self.client,
                 self.sandbox_id,
@@ -192,76 +221,25 @@ class SyncSession:
                 what=f"Uploading {mapping.sandbox_path}",
             )
         finally:
-            await self._drop_workdir(workdir)
+            await self.drop_workdir(workdir)
         text = sync_parts.placement_text(scratch, mapping.kind, mapping.sandbox_path, mode)
-        return files, size, text
+        return files, size, text, stats
 
-    # -- outbound ----------------------------------------------------------------------------
-
-    async def _download(self, mapping: FileMapping) -> tuple[int, int]:
-        """Pack in the sandbox (into parts), GET every part into one host file, then install
-        it (file) or validate and extract it (directory)."""
-        scratch = _new_scratch()
-        target = mapping.host_path
-        if mapping.kind == "directory":
-            script = sync_parts.syncout_dir_parts_command(
-                mapping.sandbox_path,
-                scratch,
-                self.part_bytes,
-                exclude=mapping.exclude,
-                follow_symlinks=mapping.follow_symlinks,
+    async def _warn_skipped(self, mapping: FileMapping, stats: ArchiveStats) -> None:
+        """One warn log line for the sockets, FIFOs and devices a directory upload left out."""
+        if self.log is not None:
+            names = stats.skipped_names
+            listed = ", ".join(names) + (", ..." if stats.skipped > len(names) else "")
+            await self.log(
+                "warn",
+                f"Sync in of {mapping.host_path}: {stats.skipped} special file(s) (FIFO, "
+                f"socket or device) left out, not transferred: {listed}",
+                None,
             )
-        else:
-            script = sync_parts.syncout_file_parts_command(
-                mapping.sandbox_path, scratch, self.part_bytes
-            )
-        file_mode = 0o600 if mapping.mode is None else mapping.mode
-        workdir: Path | None = None
-        parents: list[Path] = []
-        installed = False
-        try:
-            what = f"Packing {mapping.sandbox_path}"
-            packed = await self._control(script, what)
-            try:
-                parts = sync_parts.parse_part_count(packed["stdout"])
-            except ValueError as exc:
-                raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
-            parents = await anyio.to_thread.run_sync(sync_files.make_dirs, target.parent)
-            workdir = await self._new_workdir(target.parent)
-            data = workdir / "data"
-            size = await sync_files.get_to_file(
-                self.client,
-                self.sandbox_id,
-                [sync_parts.part_path(scratch, index) for index in range(parts)],
-                data,
-                file_mode,
-                log=self.log,
-                what=f"Downloading {mapping.sandbox_path}",
-            )
-            if mapping.kind == "directory":
-                staging = workdir  # the staged tree goes next to the target (same filesystem)
-                files = await anyio.to_thread.run_sync(
-                    lambda: extract_archive(data, target, mode=mapping.mode, workdir=staging)
-                )
-                if mapping.mode is not None:  # new directories get the mapping's mode (5.6)
-                    for directory in parents:
-                        await anyio.to_thread.run_sync(directory.chmod, mapping.mode)
-            else:
-                await anyio.to_thread.run_sync(sync_files.install_file, data, target, file_mode)
-                files = 1
-            installed = True
-            return files, size
-        finally:
-            if workdir is not None:
-                await self._drop_workdir(workdir)
-            if not installed and parents:  # a failed sync leaves no new empty folders
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(sync_files.remove_new_dirs, parents)
-            await self._remove_scratch(Scratch(scratch, parts=1))
 
     # -- sandbox commands --------------------------------------------------------------------
 
-    async def _control(self, script: str, what: str) -> dict[str, Any]:
+    async def control(self, script: str, what: str) -> dict[str, Any]:
         """One control command (spec 5.3); a timeout or non-zero exit fails the transfer."""
         result = await self._command(script)
         if result["timedOut"]:
@@ -296,12 +274,24 @@ class SyncSession:
             record=self.record,
         )
 
-    async def _remove_scratch(self, scratch: Scratch) -> None:
+    async def journal_scratch(self, path: str) -> None:
+        """Journal a scratch path before anything can create it, so a crash cannot leave a
+        copy of the host files in a kept sandbox for good (:mod:`provider.driver.recovery`)."""
+        if self.scratches is not None:
+            await self.scratches.scratch_added(path)
+
+    async def remove_scratch(self, scratch: Scratch, *, done: bool = False) -> None:
         """One ``exec`` (shielded, bounded, errors swallowed): ``rm -f`` of the scratch file, or
-        of the scratch and every ``.part-*`` of it (a glob, so partial parts go too)."""
-        command, args = scratch.removal_command()
-        with self.cleanup_timeout.scope(), contextlib.suppress(ProviderError):
-            await self.client.exec(self.sandbox_id, command, args)
+        of the scratch and every ``.part-*`` of it (a glob, so partial parts go too); skipped
+        when ``done`` (already removed in the sandbox). Its journal row goes once it is gone."""
+        with anyio.CancelScope(shield=True):
+            if not done:
+                command, args = scratch.removal_command()
+                with self.cleanup_timeout.scope(), contextlib.suppress(ProviderError):
+                    await self.client.exec(self.sandbox_id, command, args)
+                    done = True
+            if done and self.scratches is not None:
+                await self.scratches.scratch_removed(scratch.path)
 
 
 def _failure(what: str, result: dict[str, Any], stderr: str) -> str:
@@ -316,7 +306,3 @@ def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any
         "filesTransferred": files,
         "bytesTransferred": transferred,
     }
-
-
-def _new_scratch() -> str:
-    return f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -89,16 +90,18 @@ async def _report(log: LogSink, current: Callable[[], int], total: int, what: st
 async def get_to_file(
     client: CreateOSClient,
     sandbox_id: str,
-    paths: list[str],
+    parts: list[tuple[str, int]],
     data: Path,
     mode: int,
     *,
     log: LogSink | None,
     what: str,
 ) -> int:
-    """GET each sandbox path in order, appending it to ``data`` (created exclusively with
-    ``mode``), in batches of WRITE_BATCH: never more than a batch in memory. Answers the bytes
-    written; ``what`` ("Downloading <sandbox path>") heads the progress lines."""
+    """GET each ``(sandbox path, expected size)`` in order, appending it to ``data`` (created
+    exclusively with ``mode``), in batches of WRITE_BATCH: never more than a batch in memory.
+    A body that is not the file (a JSON or HTML content type, or not exactly the size the pack
+    step measured) fails the transfer. Answers the bytes written; ``what`` ("Downloading
+    <sandbox path>") heads the progress lines and the errors."""
     fd = await anyio.to_thread.run_sync(
         lambda: os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o600)
     )
@@ -106,11 +109,15 @@ async def get_to_file(
     pending: list[bytes] = []
     pending_size = 0
     try:
-        for path in paths:
+        for path, expected in parts:
+            start = size + pending_size
             async with client.get_file(sandbox_id, path) as body:
+                _check_content_type(getattr(body, "content_type", ""), what)
                 async for chunk in body:
                     pending.append(chunk)
                     pending_size += len(chunk)
+                    if size + pending_size - start > expected:
+                        break  # already more than the file: no need to read the rest
                     if pending_size < WRITE_BATCH:
                         continue
                     await anyio.to_thread.run_sync(_write_all, fd, pending)
@@ -119,12 +126,34 @@ async def get_to_file(
                     if size - reported >= PROGRESS_THRESHOLD and log is not None:
                         reported = size
                         await log("info", f"{what}: {size >> 20} MiB", None)
+            got = size + pending_size - start
+            if got != expected:
+                raise TransferError(
+                    f"{what} failed: the sandbox packed {expected} bytes but the download "
+                    f"{'brought more' if got > expected else f'brought {got}'}, so the answer "
+                    "was not the file; nothing was installed."
+                )
         if pending:
             await anyio.to_thread.run_sync(_write_all, fd, pending)
             size += pending_size
     finally:
         await anyio.to_thread.run_sync(os.close, fd)
     return size
+
+
+_NOT_A_FILE = ("application/json", "text/html", "application/xhtml+xml", "application/problem")
+
+
+def _check_content_type(content_type: str, what: str) -> None:
+    """Refuse a download answered as JSON (an error envelope) or HTML (a gateway or captive
+    portal page): CreateOS and the emulator send files as ``application/octet-stream``, and
+    other or missing types are left to the size check."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media.startswith(_NOT_A_FILE) or media.endswith("+json"):
+        raise TransferError(
+            f"{what} failed: the answer was {media}, not the file's bytes (a gateway, proxy or "
+            "error page?); nothing was installed."
+        )
 
 
 def _write_all(fd: int, chunks: list[bytes]) -> None:
@@ -140,6 +169,33 @@ def _write_all(fd: int, chunks: list[bytes]) -> None:
             else:
                 views[start] = views[start][written:]
                 written = 0
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def check_source_file(path: Path) -> os.stat_result:
+    """The stat of a ``kind: file`` sync-in source, checked without ever blocking: it is opened
+    ``O_NONBLOCK`` (a FIFO with no writer would block a plain open forever) and must be a
+    regular file, and one whose size reads 0 must really be empty (``/proc`` and ``/sys``
+    files read 0 but have content, which an upload of 0 bytes would silently lose)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in _KINDS if test(info.st_mode)), "a device")
+            raise TransferError(
+                f"Reading {path} failed on the host: it is {kind}, not a regular file; "
+                "a kind: file mapping syncs regular files only."
+            )
+        if info.st_size == 0 and os.read(fd, 1):
+            raise TransferError(
+                f"Reading {path} failed on the host: its size reads 0 but it has content "
+                "(a /proc or /sys file?); copy it to a regular file and sync that."
+            )
+        return info
+    finally:
+        os.close(fd)
 
 
 def make_workdir(parent: Path | None) -> Path:

@@ -18,9 +18,11 @@ knows about parts; the guard and the single-file texts are :mod:`provider.driver
 - Outbound: the pack command (:func:`syncout_dir_parts_command`,
   :func:`syncout_file_parts_command`) always pipes into ``split -b <part size> -d -a 4`` (a
   small tree or file is one part, ``.part-0000``; an empty file gets an empty part) and prints
-  the part count (:data:`PARTS_MARK`), so one command packs whatever the size, with no second
-  copy of the archive in the sandbox. The host ``GET``s the parts in order
-  (:func:`parse_part_count`); the cleanup is :meth:`Scratch.removal_command`.
+  the part count and each part's byte count (:data:`PARTS_MARK`), so one command packs whatever
+  the size, with no second copy of the archive in the sandbox. The host ``GET``s the parts in
+  order (:func:`parse_part_sizes`), and a part whose download is not exactly that many bytes
+  (a gateway's HTML page answered with 200, a cut body) fails the sync before anything is
+  installed; the cleanup is :meth:`Scratch.removal_command`.
 
 Each public text pins the workspace root; the ``_``-prefixed builders take it as a parameter so
 the tests can run the exact texts in real bash against a temporary tree.
@@ -29,16 +31,18 @@ the tests can run the exact texts in real bash against a temporary tree.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from provider.driver import shell
 
+SCRATCH_PREFIX = "/tmp/paperclip-createos-transfer-"
 PARTS_MARK = "__paperclip_sync_parts__"
 PART_DIGITS = 4
 MAX_PARTS = 10**PART_DIGITS
-_PARTS_RE = re.compile(rf"^{PARTS_MARK} (\d+)$", re.MULTILINE)
+_PARTS_RE = re.compile(rf"^{PARTS_MARK} (\d+)((?: \d+)*)$", re.MULTILINE)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Scratch:
 
     path: str
     parts: int = 0
+    sent: bool = False  # a PUT to it may have started: it must be journaled and removed
 
     def removal_words(self) -> list[str]:
         """Shell words for ``rm -f --``: the scratch, and every part when split."""
@@ -62,6 +67,11 @@ class Scratch:
         if not self.parts:
             return "/bin/rm", ["-f", "--", self.path]
         return "/bin/bash", ["-c", 'rm -f -- "$1" "$1".part-*', "rm", self.path]
+
+
+def new_scratch() -> str:
+    """A fresh sandbox scratch path of one mapping's transfer (unique: removing it is safe)."""
+    return f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"
 
 
 def part_path(scratch: str, index: int) -> str:
@@ -94,13 +104,23 @@ def byte_ranges(scratch: Scratch, size: int, part_bytes: int) -> list[tuple[str,
 
 def parse_part_count(stdout: str) -> int:
     """The part count a pack command printed; ValueError when it printed none or a bad one."""
+    return len(parse_part_sizes(stdout))
+
+
+def parse_part_sizes(stdout: str) -> list[int]:
+    """The byte count of each part, in order, as the pack command printed them; ValueError
+    when it printed none, an impossible part count, or not one size per part."""
     found = _PARTS_RE.findall(stdout)
     if not found:
         raise ValueError("the pack command printed no part count")
-    count = int(found[-1])
+    count_text, sizes_text = found[-1]
+    count = int(count_text)
     if not 1 <= count <= MAX_PARTS:
         raise ValueError(f"the pack command printed an impossible part count ({count})")
-    return count
+    sizes = [int(size) for size in sizes_text.split()]
+    if len(sizes) != count:
+        raise ValueError(f"the pack command printed {len(sizes)} part sizes for {count} parts")
+    return sizes
 
 
 # --- inbound: placing the parts ------------------------------------------------------------------
@@ -247,6 +267,6 @@ def _count_parts(scratch: str) -> str:
         [
             f"[ -e {first} ] || : > {first} || exit 1",  # split writes nothing for empty input
             f"set -- {shell.quote(scratch + '.part-')}*",
-            f'echo "{PARTS_MARK} $#"',
+            f'echo "{PARTS_MARK} $#" $(stat -c %s -- "$@") || exit 1',
         ]
     )

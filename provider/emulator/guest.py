@@ -31,6 +31,11 @@ from .hostscan import boot_ticks, scan_host
 log = logging.getLogger("provider.emulator")
 
 MAX_MSG = 1 << 20
+# A request larger than this travels in a memfd passed with SCM_RIGHTS: one SOCK_SEQPACKET
+# message is limited by the socket's send buffer (about 208 KiB by default, EMSGSIZE above it),
+# and a spawn carries the whole argv (up to the 1 MiB request body).
+INLINE_MSG = 64 * 1024
+VIA_FD = "via_fd"  # the op of such a request's inline part (guest_supervisor.read_ctrl)
 START_TIMEOUT_S = 20.0
 KILL_WAIT_S = 5.0
 
@@ -248,15 +253,28 @@ class Guest:
     async def _send(self, data: bytes) -> None:
         sock = self.sock
         assert sock is not None
-        async with self._send_lock:
-            while True:
-                try:
-                    sock.send(data)
-                    return
-                except BlockingIOError:
-                    await anyio.wait_writable(sock)
-                except OSError as exc:
-                    raise GuestGone("sandbox is gone") from exc
+        fds: list[int] = []
+        if len(data) > INLINE_MSG:
+            fds.append(os.memfd_create("createos-request", os.MFD_CLOEXEC))
+            with open(fds[0], "wb", closefd=False) as body:  # noqa: ASYNC230 - memory, not disk
+                body.write(data)
+            data = marshal.dumps({"op": VIA_FD}, 2)
+        try:
+            async with self._send_lock:
+                while True:
+                    try:
+                        if fds:
+                            socket.send_fds(sock, [data], fds)
+                        else:
+                            sock.send(data)
+                        return
+                    except BlockingIOError:
+                        await anyio.wait_writable(sock)
+                    except OSError as exc:
+                        raise GuestGone("sandbox is gone") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     async def _read_loop(self) -> None:
         sock = self.sock

@@ -9,9 +9,10 @@ Standard library only; the emulator never imports it, it copies this file and it
 data dir and bubblewrap binds that folder read-only into the guest. Messages travel over a
 SOCK_SEQPACKET unix socket (fd given as argv[1]): requests from the emulator are ``marshal``
 dicts (trusted input), replies and events back are JSON (the emulator never unmarshals what the
-guest could forge). File descriptors go to the emulator with SCM_RIGHTS, so process output and
-file bodies never pass through this process. Only builtin modules are imported at start: this
-start-up is on the create path.
+guest could forge). A request too large for one socket message (a spawn with a large argv)
+arrives as ``{"op": "via_fd"}`` with a memfd holding the real request. File descriptors go to
+the emulator with SCM_RIGHTS, so process output and file bodies never pass through this
+process. Only builtin modules are imported at start: this start-up is on the create path.
 
 Requests carry ``{"id": n, "op": ...}`` and get ``{"id": n, "ok": bool, ...}`` replies; events
 (``exit``, ``tree_exit``, naming the ``tree`` id a spawn answered) carry no id. When the
@@ -89,6 +90,17 @@ def to_json(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(to_json(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
     raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def read_all(fd: int) -> bytes:
+    """The whole content of a memfd, from its start."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def set_winsize(fd: int, rows: int, cols: int) -> None:
@@ -169,12 +181,20 @@ class Supervisor:
             return True
         except OSError:
             return False
-        for _level, _kind, raw in ancillary:  # the emulator never sends fds; close strays
-            for i in range(0, len(raw) - len(raw) % 4, 4):
-                os.close(int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True))
-        if not data:
-            return False
-        msg = marshal.loads(data)  # noqa: S302 - written by the emulator, never by the guest
+        fds = [
+            int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True)
+            for _level, _kind, raw in ancillary
+            for i in range(0, len(raw) - len(raw) % 4, 4)
+        ]
+        try:
+            if not data:
+                return False
+            msg = marshal.loads(data)  # noqa: S302 - written by the emulator, never by the guest
+            if msg.get("op") == "via_fd" and len(fds) == 1:  # a large request (docstring)
+                msg = marshal.loads(read_all(fds[0]))  # noqa: S302 - the emulator's, too
+        finally:
+            for fd in fds:  # the only fd the emulator sends is a request's memfd
+                os.close(fd)
         rid = msg.get("id")
         try:
             getattr(self, "op_" + str(msg.get("op")), self.op_unknown)(rid, msg)

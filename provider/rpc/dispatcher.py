@@ -11,6 +11,10 @@ request tasks are cancelled, then ``shutdown`` gets its ``null`` reply and :meth
 
 A reply is written whole however long the host takes to read it (an execute result can be tens
 of MiB): only the shutdown, once its budget is spent, stops waiting on replies still going out.
+
+A request holding a lone UTF-16 surrogate (:mod:`provider.rpc.wire`) is answered under its id:
+its params go through ``text_policy`` (given by the composition root: which strings may have
+them replaced and which are refused) and are refused whole without one.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
-from provider.errors import RequestRefused
+from provider.errors import InvalidParams, RequestRefused
 from provider.replies import AfterReply
 from provider.rpc import wire
 from provider.rpc.calllog import CallLog
@@ -35,6 +39,16 @@ from provider.rpc.stdio import LineReader
 from provider.verbs import SERVED_VERBS
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+# (method, params holding lone surrogates) -> params to serve; raises InvalidParams to refuse.
+TextPolicy = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def refuse_lone_surrogates(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    raise InvalidParams(
+        f"Invalid params: a string in the params of {method} holds a lone UTF-16 surrogate "
+        "(half of a character, such as an emoji cut in two); send whole characters."
+    )
+
 
 BUILTIN_METHODS: Final = ("initialize", "health", "shutdown", "configChanged")
 
@@ -72,6 +86,7 @@ class Dispatcher(Outbound):
         *,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
         initialized: bool = False,
+        text_policy: TextPolicy = refuse_lone_surrogates,
     ) -> None:
         """``initialized=True`` when ``initialize`` was already answered (see ``handshake``)."""
         clashes = sorted(set(methods) & set(BUILTIN_METHODS))
@@ -80,6 +95,7 @@ class Dispatcher(Outbound):
         super().__init__()
         self._methods = dict(methods)
         self._on_shutdown = on_shutdown
+        self._text_policy = text_policy
         self.supported_methods: tuple[str, ...] = supported_methods(self._methods)
         self._initialized = initialized
         self._stopping = False
@@ -235,7 +251,10 @@ class Dispatcher(Outbound):
                 None,
             )
         try:
-            result = await handler(request.params)
+            params = request.params
+            if request.lone_surrogates:
+                params = self._text_policy(method, params)
+            result = await handler(params)
         except Exception as exc:
             code, text = error_for_exception(method, exc)
             failure = (failure_log_level(exc), f"{method}: {text}")

@@ -9,13 +9,25 @@ on the worker's locale either way (bytes are written, never text). Control chara
 and ``\\`` are escaped, so CR and LF never occur inside a line. msgspec refuses lone
 surrogates (``UnicodeEncodeError``), so a line is always valid UTF-8.
 Incoming lines are decoded with msgspec, then classified by *shape*, never by id value.
+
+A lone UTF-16 surrogate escape (``"\\ud83d"``: Node writes one for an emoji cut in half) is not
+valid Unicode and msgspec refuses the line. Answering that with a parse error (id null) would
+leave the host waiting for its own timeout, so such a line is decoded again with the standard
+library, which keeps each lone surrogate as a code point: a request is then marked
+``lone_surrogates`` and the dispatcher answers it under its id (refused, or passed to a policy
+that the composition root gives). In a response to one of our own requests each lone surrogate
+becomes U+FFFD.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Final
 
 import msgspec
+
+from provider.surrogates import holds_lone_surrogate, replace_lone_surrogates
 
 JSONRPC_VERSION: Final = "2.0"
 
@@ -57,6 +69,7 @@ class Request(msgspec.Struct, frozen=True):
     params: Any  # validated by the dispatcher: must be an object
     has_params: bool
     invocation_id: str | None
+    lone_surrogates: bool = False  # some string of the request holds one (module docstring)
 
 
 class Notification(msgspec.Struct, frozen=True):
@@ -130,11 +143,62 @@ def classify(raw: object) -> Message:
     return Invalid(INVALID_REQUEST, "Invalid Request: neither a request nor a response", reply_id)
 
 
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _decode_with_lone_surrogates(line: bytes) -> Message | None:
+    """The message of a line msgspec refused, when a lone surrogate escape is why; else None."""
+    if _SURROGATE_ESCAPE.search(line) is None:
+        return None
+    try:
+        # Strict UTF-8 first: json.loads would let encoded surrogates (ED A0 80) through.
+        raw = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return None
+    if not holds_lone_surrogate(raw):
+        return None  # refused for another reason after all
+    message = classify(raw)
+    if isinstance(message, Request):
+        if holds_lone_surrogate(message.id):
+            return None  # no reply can carry that id (every line we write is valid UTF-8)
+        if holds_lone_surrogate(message.method):
+            return Invalid(METHOD_NOT_FOUND, _BROKEN_METHOD, message.id)
+        invocation = message.invocation_id
+        return msgspec.structs.replace(
+            message,
+            lone_surrogates=True,
+            invocation_id=None if holds_lone_surrogate(invocation) else invocation,
+        )
+    if isinstance(message, Response):
+        return msgspec.structs.replace(
+            message,
+            result=replace_lone_surrogates(message.result),
+            error=replace_lone_surrogates(message.error),
+        )
+    if isinstance(message, Notification):
+        return message  # ignored by the dispatcher either way
+    return Invalid(message.code, message.message, _answerable(message.id))
+
+
+_BROKEN_METHOD: Final = "Method not found: the method name holds a lone UTF-16 surrogate"
+
+
+def _answerable(request_id: RequestId | None) -> RequestId | None:
+    return None if holds_lone_surrogate(request_id) else request_id
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN and Infinity, which msgspec refuses too
+
+
 def decode_line(line: bytes) -> Message:
     """Decode and classify one incoming line (without its line terminator)."""
     try:
         raw = msgspec.json.decode(line)
     except msgspec.DecodeError:
+        recovered = _decode_with_lone_surrogates(line)
+        if recovered is not None:
+            return recovered
         return Invalid(PARSE_ERROR, "Parse error: line is not valid JSON", None)
     except RecursionError:  # nesting deeper than the interpreter's recursion limit
         return Invalid(PARSE_ERROR, "Parse error: JSON nested too deeply", None)

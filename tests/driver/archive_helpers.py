@@ -42,7 +42,10 @@ def write_tar(path: Path, items: list[Member], fmt: int = tarfile.PAX_FORMAT) ->
 HOSTILE = {
     "absolute": [entry("/etc/evil", data=b"x")],
     "dot-dot": [entry("a/../../evil", data=b"x")],
-    "symlink escape": [entry("up", tarfile.SYMTYPE, linkname="../outside")],
+    "write through an escaping link": [
+        entry("up", tarfile.SYMTYPE, linkname="../outside"),
+        entry("up/x", data=b"x"),
+    ],
     "write through a link": [
         entry("l", tarfile.SYMTYPE, linkname="d"),
         entry("d", tarfile.DIRTYPE),

@@ -115,16 +115,13 @@ def test_nothing_is_written_outside_the_destination(
         event(f"valid={valid} extracted={extracted}")
         assert list(outside.iterdir()) == []
         assert snapshot(top, dest) == before
-        # Every link the extraction created resolves inside the destination.
-        real_dest = os.path.realpath(dest)
+        # Links may point anywhere (they are names, never followed), but each one the
+        # extraction created is exactly an archived link, and nothing lies below one.
+        archived = {target for _, type_, target in members if type_ == tarfile.SYMTYPE}
         for dirpath, dirnames, filenames in os.walk(dest):
             for name in dirnames + filenames:
                 path = Path(dirpath) / name
                 if path.is_symlink() and path.parent == dest and name in ("pre", "pre-file"):
                     continue
                 if path.is_symlink():
-                    resolved = os.path.realpath(path)
-                    assert resolved == real_dest or resolved.startswith(real_dest + "/"), (
-                        name,
-                        os.readlink(path),
-                    )
+                    assert os.readlink(path) in archived, (name, os.readlink(path))

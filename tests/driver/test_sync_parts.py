@@ -51,7 +51,7 @@ def test_pack_file_splits_it_into_counted_parts(tree: Path, tmp_path: Path) -> N
         sync_parts._syncout_file_parts(str(tree / "sub" / "f"), str(scratch), 4096, str(tree))
     )
     assert result.returncode == 0, result.stderr
-    assert sync_parts.parse_part_count(result.stdout.decode()) == 3
+    assert sync_parts.parse_part_sizes(result.stdout.decode()) == [4096, 4096, 2052]
     assert [p.name[-10:] for p in parts_of(scratch)] == [".part-0000", ".part-0001", ".part-0002"]
     assert joined(scratch) == data
     assert not scratch.exists()
@@ -62,7 +62,7 @@ def test_pack_file_splits_it_into_counted_parts(tree: Path, tmp_path: Path) -> N
         sync_parts._syncout_file_parts(str(tree / "empty"), str(scratch), 4096, str(tree))
     )
     assert result.returncode == 0, result.stderr
-    assert sync_parts.parse_part_count(result.stdout.decode()) == 1
+    assert sync_parts.parse_part_sizes(result.stdout.decode()) == [0]
     assert [p.read_bytes() for p in parts_of(scratch)] == [b""]
 
 
@@ -205,7 +205,9 @@ def test_part_texts() -> None:
     assert sync_parts.part_count(0, 3) == 1
     assert sync_parts.part_count(3, 3) == 1
     assert sync_parts.part_count(4, 3) == 2
-    assert sync_parts.parse_part_count("noise\n__paperclip_sync_parts__ 3\n") == 3
+    assert sync_parts.parse_part_count("noise\n__paperclip_sync_parts__ 3 5 5 1\n") == 3
+    with pytest.raises(ValueError, match="printed 0 part sizes for 3 parts"):
+        sync_parts.parse_part_count("__paperclip_sync_parts__ 3\n")
     with pytest.raises(ValueError):
         sync_parts.parse_part_count("")
     with pytest.raises(ValueError):

@@ -259,3 +259,21 @@ async def test_live_output_reaches_the_host_tagged_with_the_invocation_id(
     assert result["stdout"] == "one\ntwo ✓\n"
     assert isinstance(result["metadata"]["invocationId"], str)
     await peer.stop_worker()
+
+
+async def test_a_lone_surrogate_from_the_host_is_answered_at_once_under_its_call(
+    peer: HostPeer,
+) -> None:
+    """A JS string holding half an emoji crosses the real manager as a lone surrogate escape:
+    the call is answered (a refusal naming the param), not left to the host's timeout."""
+    await peer.start_worker()
+    config = {"shape": "s-1vcpu-1gb", "apiKey": "emu-key\ud83d"}
+    with pytest.raises(PeerCallError) as refused:
+        await peer.call(
+            "environmentValidateConfig",
+            {"driverKey": "createos", "config": config},
+            timeout_ms=15_000,
+        )
+    assert refused.value.code == -32602, refused.value
+    assert "params.config.apiKey holds a lone UTF-16 surrogate" in str(refused.value)
+    await peer.stop_worker()

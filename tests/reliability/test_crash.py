@@ -21,7 +21,7 @@ import contextlib
 import os
 import signal
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from provider.createos.client import CreateOSClient
+from provider.createos.pacer import RequestPacer
 from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import wait_until_gone
@@ -371,6 +373,59 @@ async def test_worker_killed_during_an_upload_leaves_no_temp_files(
     await rig.release(lease)
 
 
+async def kill_during_sync_in(
+    rig: Rig, params: dict[str, Any], ready: Callable[[], Awaitable[bool]]
+) -> None:
+    """Start a sync in, SIGKILL the worker once ``ready()``, wait for the manager's restart."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.in_background, "sync", "environmentSyncIn", params)
+        with anyio.fail_after(60):
+            while not await ready():
+                assert "sync" not in rig.outcomes, rig.outcomes
+                await anyio.sleep(0.02)
+        events_before = len(rig.peer.events)
+        await rig.kill_worker_and_wait("worker")
+    assert_worker_lost(rig.outcomes["sync"])
+    await rig.restart_automatically(events_before)
+
+
+async def sandbox_scratches(rig: Rig, sandbox_id: str) -> list[str]:
+    """The sync scratch files in the sandbox's /tmp, read straight from the emulator (a call
+    through the worker would run recovery first)."""
+    pacer = RequestPacer(rig.emulator.base_url, interval=0)
+    async with CreateOSClient(rig.emulator.base_url, "test-key", pacer=pacer) as client:
+        listed = await client.exec(sandbox_id, "/bin/ls", ["-A", "/tmp"])
+    return [n for n in listed.stdout.split() if n.startswith("paperclip-createos-transfer-")]
+
+
+async def test_worker_killed_between_upload_and_placement_next_call_removes_the_scratch(
+    rig: Rig, tmp_path: Path
+) -> None:
+    await rig.start(auto_restart=True)
+    lease = await rig.acquire()
+    sandbox_id = lease["providerLeaseId"]
+    source = tmp_path / "file.txt"
+    source.write_text("a copy of the host's files\n")
+    mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
+    core = rig.emulator.core
+    assert core is not None
+    # The upload lands; the placement command's create then sits in the emulator.
+    await rig.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/processes$", delay_ms=120_000)
+
+    async def placing() -> bool:  # the fault is taken when the placement's create arrives
+        return not core.faults
+
+    await kill_during_sync_in(rig, sync_params(rig, lease, files=[mapping]), placing)
+    assert len(await sandbox_scratches(rig, sandbox_id)) == 1  # what the crash left behind
+    assert rig.journal_rows("scratches") == 1
+
+    probe = await rig.call("environmentProbe", rig.common())  # any call with the config will do
+    assert probe["ok"] is True, probe
+    assert await sandbox_scratches(rig, sandbox_id) == []
+    assert rig.journal_rows("scratches") == 0
+    await rig.release(lease)
+
+
 async def test_worker_killed_during_a_post_upload_command_next_call_kills_it(
     rig: Rig, tmp_path: Path
 ) -> None:
@@ -382,16 +437,12 @@ async def test_worker_killed_during_a_post_upload_command_next_call_kills_it(
     mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
     command = {"command": "(sleep 300 &); (sleep 301 &); sleep 302", "timeoutMs": 600_000}
     params = sync_params(rig, lease, files=[mapping], postUploadCommands=[command])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(rig.in_background, "sync", "environmentSyncIn", params)
-        with anyio.fail_after(60):
-            while not [t for t in await rig.live_trees() if len(t["host_pids"]) >= 3]:
-                assert "sync" not in rig.outcomes, rig.outcomes
-                await anyio.sleep(0.05)
-        events_before = len(rig.peer.events)
-        await rig.kill_worker_and_wait("worker")
-    assert_worker_lost(rig.outcomes["sync"])
-    await rig.restart_automatically(events_before)
+
+    async def running() -> bool:
+        # The sleepers run (>= 5 processes): the placement step, a smaller tree, is over.
+        return bool([t for t in await rig.live_trees() if len(t["host_pids"]) >= 5])
+
+    await kill_during_sync_in(rig, params, running)
     assert len(await rig.live_trees()) == 1  # the host-authored command outlived the worker
 
     after = await rig.execute(lease, f"cat {WS}/file.txt")

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService
+from provider.driver.text_params import lone_surrogate_policy
 from provider.emulator import Emulator
 from provider.rpc.dispatcher import Dispatcher
 from tests.call_params import environment_call
@@ -130,7 +131,12 @@ async def rig(
         await channel[0].log(level, message, meta)
 
     service = DriverService(runtime, notify=notify, log=log)
-    dispatcher = Dispatcher(service.table(), on_shutdown=service.shutdown, initialized=True)
+    dispatcher = Dispatcher(
+        service.table(),
+        on_shutdown=service.shutdown,
+        initialized=True,
+        text_policy=lone_surrogate_policy,
+    )
     channel.append(dispatcher)
     async with serving(dispatcher) as host:
         rig = Rig(host, emulator, systmp)
@@ -350,14 +356,15 @@ async def test_oversized_command_lines_fail_cleanly_and_leave_the_lease_usable(r
     assert big["stdout"] == "1 100000"
     many = await rig.execute(command="bash", args=["-c", count, "argv0", *["a"] * 20_000])
     assert many["stdout"] == "20000 1"
-    # Past what one argv string (128 KiB) or a process request may carry: the API refuses the
-    # process (HTTP 400/413), a definite rejection: an ordinary error, no process, no poison.
+    # Past what the one bash argument a command travels in may carry (131,071 bytes): refused
+    # before any request, naming the largest input; no process, no poison.
     for args, env in [
         (["x" * 200_000], {}),
         (["x" * (1 << 20)], {}),
         (["x" * 100_000] * 15, {}),
         ([], {"BIG": "x" * 200_000}),
     ]:
+        before = await rig.request_count()
         response = await rig.call(
             "environmentExecute",
             {
@@ -369,14 +376,41 @@ async def test_oversized_command_lines_fail_cleanly_and_leave_the_lease_usable(r
                 "stdin": "staged input",
             },
         )
-        assert response["error"]["code"] == WORKER_ERROR, response
+        assert response["error"]["code"] == INVALID_PARAMS, response
         message = response["error"]["message"]
-        assert "xxxx" not in message and len(message) < 300
+        assert "xxxx" not in message and len(message) < 400
+        assert "at most 131,071" in message and ("args[3]" in message or "BIG" in message)
+        assert await rig.request_count() == before
         assert await rig.live_trees() == []
     # Not poisoned, and nothing staged for stdin was left behind.
     scratch = await rig.execute(command="bash", args=["-c", "ls -a /tmp"])
     assert scratch["exitCode"] == 0
     assert "paperclip-stdin-" not in scratch["stdout"]
+
+
+async def test_a_cut_emoji_reaches_the_command_as_u_fffd_and_a_path_holding_one_is_refused(
+    rig: Rig,
+) -> None:
+    """Node writes half an emoji as a lone ``\\ud83d`` escape: text the command reads gets
+    U+FFFD (what Node itself would have passed), a path is refused, both under the call's id."""
+    lease = await rig.lease()
+    show = "import sys; print(ascii([*sys.argv[1:], sys.stdin.read()]))"
+    params = {**rig.common(), "lease": lease, "command": "python3", "args": ["-c", show, "@CUT"]}
+    line = json.dumps({"jsonrpc": "2.0", "id": "cut-1", "method": "environmentExecute"})
+    spliced = json.dumps({**params, "stdin": "@CUT"}).replace("@CUT", "cut \\ud83d")
+    await rig.host.send_raw(f'{line[:-1]}, "params": {spliced}}}\n'.encode())
+    ran = await rig.host.response_to("cut-1")
+    assert ran["result"]["stdout"] == "['cut \\ufffd', 'cut \\ufffd']\n", ran
+    mapping = file_mapping("/tmp/@CUT", f"{WS}/x")
+    params = {**rig.common(), "lease": lease, "operations": [{"files": [mapping]}]}
+    spliced = json.dumps(params).replace("@CUT", "\\ud83d")
+    before = await rig.request_count()
+    line = json.dumps({"jsonrpc": "2.0", "id": "cut-2", "method": "environmentSyncIn"})
+    await rig.host.send_raw(f'{line[:-1]}, "params": {spliced}}}\n'.encode())
+    refused = await rig.host.response_to("cut-2")
+    assert refused["error"]["code"] == INVALID_PARAMS
+    assert "params.operations[0].files[0].sourcePath holds a lone" in refused["error"]["message"]
+    assert await rig.request_count() == before
 
 
 # --- host paths in sync --------------------------------------------------------------------------
