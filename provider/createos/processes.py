@@ -47,7 +47,7 @@ class ProcessCalls(ClientCore):
         wire: Wire | None = None,
     ) -> ProcessView:
         """``POST .../processes``. Repeated only on 429 and 503; any other failure is raised
-        once. ``wire`` tells whether the request was sent (:class:`~provider.createos.core.Wire`).
+        once. ``wire`` tells whether the request was sent (:class:`~provider.createos.wire.Wire`).
 
         ``pty`` = (rows, cols) gives the process a terminal of that size: its output then
         arrives as ``pty`` frames only, and ``/input`` is typed into the terminal."""

@@ -58,7 +58,7 @@ class SandboxCalls(ClientCore):
         named none or an unknown one). ``egress``: the outbound allowlist (omitted: allow all);
         ``auto_pause_after_seconds``: CreateOS pauses the sandbox once idle that long.
         Retried only on 429 and 503; ``wire`` tells whether the request was sent
-        (:class:`~provider.createos.core.Wire`)."""
+        (:class:`~provider.createos.wire.Wire`)."""
         body: dict[str, Any] = {"shape": shape, "name": name}
         if rootfs is not None:
             body["rootfs"] = rootfs

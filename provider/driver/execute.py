@@ -13,7 +13,7 @@ failure) kills the whole remote process tree under a fresh, shielded deadline th
 the host's budget (:mod:`provider.driver.budget`); if that kill (or the creation itself) cannot
 be confirmed, :class:`CleanupUnconfirmed` replaces the outcome and the caller poisons the lease.
 The creation's outcome is unknown only once its request was sent: a deadline that passes while
-it still waits for the rate-limit queue (:class:`~provider.createos.core.Wire`) leaves nothing
+it still waits for the rate-limit queue (:class:`~provider.createos.wire.Wire`) leaves nothing
 behind and fails with :class:`RateLimitQueued`; one that passes while the create is on the wire
 lets it finish (:data:`CREATE_SETTLE_SECONDS` at most), then kills what it started.
 """
