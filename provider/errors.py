@@ -13,7 +13,9 @@ becomes -32002 with a generic message (the traceback goes to stderr only).
     ├── ConfigError                 environment config invalid (field named, fix stated)
     ├── RequestRefused              call refused before any side effect (foreign lease, lease
     │   │                           closing, worker shutting down, unconfined path, ...)
-    │   └── InvalidParams           params missing, not an object or of the wrong type (-32602)
+    │   ├── InvalidParams           params missing, not an object or of the wrong type (-32602)
+    │   └── LeaseGone               the lease's sandbox was deleted (zero requests spent on it)
+    ├── RateLimitQueued             the deadline passed in the rate-limit queue; nothing was sent
     ├── OperationCancelled          work cancelled by release / destroy / shutdown
     ├── CleanupUnconfirmed          a remote process (or sandbox) may still exist; lease poisoned
     ├── TransferError               file sync failed (download cut, archive refused, command failed)
@@ -56,6 +58,15 @@ class RequestRefused(ProviderError):
 
 class InvalidParams(RequestRefused):
     """The request's params are missing, not an object, or a field has the wrong type."""
+
+
+class LeaseGone(RequestRefused):
+    """The lease's sandbox was released, destroyed or answered 404: refused without a request."""
+
+
+class RateLimitQueued(ProviderError):
+    """A deadline passed while the request waited for its turn in the rate-limit queue (or for
+    a retry the server asked for): nothing was sent, so nothing needs cleaning up."""
 
 
 class OperationCancelled(ProviderError):

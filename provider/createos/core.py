@@ -21,6 +21,9 @@ started: the error is raised at once (for a ``Retry-After`` the message says so)
 of any length is waited for when the deadline allows it; a call without a deadline waits at most
 :data:`~provider.createos.retry.MAX_RETRY_AFTER`. A stream is retried only while opening and only
 when asked (``retry_open``), never once its body has started.
+
+A caller that must know whether a request could have had an effect passes a
+:class:`~provider.createos.wire.Wire`, which the attempt loop keeps up to date.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from provider.createos.errors import (
 from provider.createos.pacer import RequestPacer, pacer_for
 from provider.createos.retry import backoff_delay, wait_refused
 from provider.createos.upload import UploadBody
+from provider.createos.wire import Wire, settled
 
 try:
     _VERSION = importlib.metadata.version("paperclip-plugin-createos")
@@ -90,6 +94,8 @@ _widen_http11_reads()
 
 IDEMPOTENT_RETRY: Final = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses a GET, DELETE or replayable PUT is retried on."""
+NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport failures before any byte of the request left: nothing reached the server."""
 POST_RETRY: Final = frozenset({429, 503})
 """Statuses a POST is retried on (the server says it did not process the request)."""
 
@@ -197,6 +203,7 @@ class ClientCore:
         upload: Callable[[], UploadBody] | None = None,
         headers: Mapping[str, str] | None = None,
         limits: httpx.Timeout = DEFAULT_TIMEOUT,
+        wire: Wire | None = None,
     ) -> httpx.Response:
         """Send with pacing and retries; return the 2xx response or raise our error."""
 
@@ -217,7 +224,11 @@ class ClientCore:
                     body.close()
 
         return await self._attempts(
-            send, operation=operation, retry_on=retry_on, retry_transport=retry_transport
+            send,
+            operation=operation,
+            retry_on=retry_on,
+            retry_transport=retry_transport,
+            wire=wire,
         )
 
     async def _attempts(
@@ -227,27 +238,35 @@ class ClientCore:
         operation: str,
         retry_on: frozenset[int],
         retry_transport: bool,
+        wire: Wire | None = None,
     ) -> httpx.Response:
         """The one attempt loop: each attempt waits for the pacer, then ``send``s. Return the
         2xx response; retry a status in ``retry_on`` (and a transport error when
         ``retry_transport``) while :meth:`_retry_wait` allows; otherwise raise our error. A
-        refused answer is closed before the next attempt."""
+        refused answer is closed before the next attempt. ``wire`` is kept up to date (module
+        docstring)."""
+        wire = wire if wire is not None else Wire()
         attempt = 0
         while True:
+            wire.queued = True
             await self._pacer.wait_turn()
+            wire.queued, wire.sent = False, True
             cause: httpx.RequestError | None = None
             error: CreateOSError
             try:
-                response = await send()
+                response = await settled(send, wire, operation)
             except httpx.RequestError as exc:
                 cause, error = exc, connection_error(operation, exc)
                 retryable = retry_transport
+                wire.sent = not isinstance(exc, NOT_SENT)
             else:
                 if 200 <= response.status_code < 300:
                     return response
                 await response.aclose()
                 error = response_error(response, operation)
                 retryable = isinstance(error, APIStatusError) and error.status in retry_on
+                wire.sent = not (isinstance(error, APIStatusError) and error.rejected)
+            wire.queued = retryable  # a cancel in the retry wait leaves the request unsent
             final = await self._retry_wait(error, retryable, attempt)
             if final is None:
                 attempt += 1
@@ -287,6 +306,7 @@ class ClientCore:
         operation: str,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
+        wire: Wire | None = None,
     ) -> Any:
         """A JSend call: retried per the method (see the module docstring); returns ``data``."""
         idempotent = method in ("GET", "DELETE", "PUT", "PATCH")  # PATCH: absolute values only
@@ -298,6 +318,7 @@ class ClientCore:
             retry_transport=idempotent,
             params=params,
             json=json,
+            wire=wire,
         )
         return unwrap_success(response.status_code, response.content, operation)
 

@@ -17,6 +17,7 @@ from typing import Any, Final
 from provider.createos.core import STREAM_READ_TIMEOUT, ClientCore, stream_timeout
 from provider.createos.errors import APIProtocolError
 from provider.createos.models import ProcessView, process_view, require_id
+from provider.createos.wire import Wire
 
 MAX_INPUT_BYTES: Final = 256 * 1024  # decoded bytes per /input request
 MAX_PTY_SIDE: Final = 1000  # rows and cols of a PTY: integers from 1 to this (createos-api.md 8.6)
@@ -43,9 +44,10 @@ class ProcessCalls(ClientCore):
         args: Sequence[str],
         cwd: str | None = None,
         pty: tuple[int, int] | None = None,
+        wire: Wire | None = None,
     ) -> ProcessView:
         """``POST .../processes``. Repeated only on 429 and 503; any other failure is raised
-        once.
+        once. ``wire`` tells whether the request was sent (:class:`~provider.createos.wire.Wire`).
 
         ``pty`` = (rows, cols) gives the process a terminal of that size: its output then
         arrives as ``pty`` frames only, and ``/input`` is typed into the terminal."""
@@ -58,7 +60,7 @@ class ProcessCalls(ClientCore):
             rows, cols = pty
             body["pty"] = {"rows": rows, "cols": cols}
         data = await self._json_call(
-            "POST", f"/sandboxes/{sandbox_id}/processes", operation=operation, json=body
+            "POST", f"/sandboxes/{sandbox_id}/processes", operation=operation, json=body, wire=wire
         )
         return process_view(data, operation)
 

@@ -25,6 +25,7 @@ from provider.createos.models import (
     require_id,
     sandbox_view,
 )
+from provider.createos.wire import Wire
 
 LIST_PAGE: Final = 100
 _MAX_PAGES: Final = 10_000
@@ -51,11 +52,13 @@ class SandboxCalls(ClientCore):
         region: str | None,
         egress: Sequence[str] | None = None,
         auto_pause_after_seconds: int | None = None,
+        wire: Wire | None = None,
     ) -> tuple[str, str | None]:
         """``POST /sandboxes``: the new id and the status the answer reported (None when it
         named none or an unknown one). ``egress``: the outbound allowlist (omitted: allow all);
         ``auto_pause_after_seconds``: CreateOS pauses the sandbox once idle that long.
-        Retried only on 429 and 503."""
+        Retried only on 429 and 503; ``wire`` tells whether the request was sent
+        (:class:`~provider.createos.wire.Wire`)."""
         body: dict[str, Any] = {"shape": shape, "name": name}
         if rootfs is not None:
             body["rootfs"] = rootfs
@@ -67,7 +70,9 @@ class SandboxCalls(ClientCore):
             body["auto_pause_after_seconds"] = auto_pause_after_seconds
         body["ingress_enabled"] = False
         operation = "create sandbox"
-        data = await self._json_call("POST", "/sandboxes", operation=operation, json=body)
+        data = await self._json_call(
+            "POST", "/sandboxes", operation=operation, json=body, wire=wire
+        )
         sandbox_id = data.get("id") if isinstance(data, dict) else None
         if not is_valid_id(sandbox_id):
             raise APIProtocolError(f"CreateOS {operation} answered without a valid sandbox id.")

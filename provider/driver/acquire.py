@@ -22,6 +22,8 @@ import anyio
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import APIStatusError, InvalidIdentifier
 from provider.createos.models import SandboxView
+from provider.createos.wire import Wire
+from provider.driver.create_watch import watch_creates
 from provider.driver.forks import ForkRefused, carries_token, fork_template, fork_token
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams
@@ -64,9 +66,17 @@ async def acquire(
         agent_id=params.agentId,
     )
     await recover_orphans(runtime, call)
-    async with runtime.client_factory(call.config, call.api_key) as client:
-        with deadline(call.timeout, "Acquiring a CreateOS sandbox"):
-            sandbox_id, marker = await provision_sandbox(client, call, runtime.journal, placement)
+    create = Wire()
+    try:
+        async with runtime.client_factory(call.config, call.api_key) as client:
+            with deadline(call.timeout, "Acquiring a CreateOS sandbox", wire=create):
+                sandbox_id, marker = await provision_sandbox(
+                    client, call, runtime.journal, placement, wire=create
+                )
+    except BaseException:
+        if create.sent:  # its outcome may be open: look for it without waiting for a call
+            watch_creates(runtime, call)
+        raise
     if placement.reusable and placement.snapshot is not None:  # a fork: no name to find it by
         await anyio.to_thread.run_sync(
             runtime.journal.add_kept_fork, call.scope_tag, call.scope("").key_hash, sandbox_id
@@ -114,11 +124,13 @@ async def provision_sandbox(
     placement: Placement,
     *,
     name: str | None = None,
+    wire: Wire | None = None,
 ) -> tuple[str, str]:
     """Create (or fork) a sandbox, bring it to ``running`` and prepare the workspace and marker;
     returns its id and the marker. ``name``: the create's name token (default
     ``pc-<scope tag>-<uuid>``); a fork takes none and carries a fork token instead
-    (:func:`provider.driver.forks.fork_token`).
+    (:func:`provider.driver.forks.fork_token`). ``wire`` follows the create's request: one
+    that never left the rate-limit queue created nothing, so nothing is looked for.
 
     Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
     (under a fresh, shielded deadline) before the error propagates. The token (name or fork
@@ -146,7 +158,7 @@ async def provision_sandbox(
             patch = placement.window_patch()
         else:
             sandbox_id, status = await create_sandbox(
-                client, call, placement, token, on_unresolved=mark_unresolved
+                client, call, placement, token, on_unresolved=mark_unresolved, wire=wire
             )
             patch = None
         marker = await prepare_sandbox(client, call, sandbox_id, status=status, patch=patch)
@@ -200,18 +212,20 @@ async def create_sandbox(
     token: str,
     *,
     on_unresolved: Callable[[], None] | None = None,
+    wire: Wire | None = None,
 ) -> tuple[str, str | None]:
-    """POST the sandbox (its id and the status it answered); when the outcome is unknown, find
-    it by its name token and delete it.
+    """POST the sandbox (its id and the status it answered); when the outcome is unknown (its
+    request was sent: ``wire``), find it by its name token and delete it.
 
     ``on_unresolved`` is called when the lookup found nothing: the create may still land later
     (a request that timed out on our side can still be served), so absence proves nothing yet.
     """
     config = call.config
+    wire = wire if wire is not None else Wire()
     async with _found_if_unknown(
         client,
         call,
-        definite=_rejected,
+        definite=lambda exc: _rejected(exc) or not wire.sent,
         matches=lambda view: view.name == token,
         what="Creating the sandbox",
         look_for=f"a sandbox named {token}",
@@ -222,6 +236,7 @@ async def create_sandbox(
             name=token,
             rootfs=placement.rootfs,
             region=config.region,
+            wire=wire,
             **placement.create_fields(),
         )
 
@@ -306,8 +321,8 @@ async def _delete_after_failure(
 
 async def _cleaned_up(call: BoundCall, cleanup: Callable[[], Awaitable[None]]) -> bool:
     """Run ``cleanup`` under a fresh, shielded, bounded scope (it must run even after a
-    cancel); whether it finished without a provider error."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(_cleanup_timeout(call)):
+    cancel, and end within the host's budget); whether it finished without a provider error."""
+    with call.cleanup_bound(_cleanup_timeout(call)).scope():
         try:
             await cleanup()
             return True

@@ -9,9 +9,13 @@ the one ``bash -lc`` argument, bounded by :mod:`provider.driver.command_size`: a
 is refused by :func:`prepare_command` before any request.
 Output is followed frame by frame, decoded per stream, sent live through ``on_output``
 and kept as a bounded tail. Whatever ends the command early (deadline, cancellation, a protocol
-failure) kills the whole remote process tree under a fresh, shielded deadline; if that kill (or
-the creation itself) cannot be confirmed, :class:`CleanupUnconfirmed` replaces the outcome and
-the caller poisons the lease.
+failure) kills the whole remote process tree under a fresh, shielded deadline that never passes
+the host's budget (:mod:`provider.driver.budget`); if that kill (or the creation itself) cannot
+be confirmed, :class:`CleanupUnconfirmed` replaces the outcome and the caller poisons the lease.
+The creation's outcome is unknown only once its request was sent: a deadline that passes while
+it still waits for the rate-limit queue (:class:`~provider.createos.wire.Wire`) leaves nothing
+behind and fails with :class:`RateLimitQueued`; one that passes while the create is on the wire
+lets it finish (:data:`CREATE_SETTLE_SECONDS` at most), then kills what it started.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ from typing import Any, Protocol
 import anyio
 
 from provider.createos.client import MAX_INPUT_BYTES, CreateOSClient
-from provider.createos.errors import APIStatusError, Conflict, MalformedFrame, NotFound
+from provider.createos.errors import Conflict, MalformedFrame, NotFound
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
+from provider.createos.wire import Wire
+from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.command_size import check_script
 from provider.driver.output import StreamDecoder, TailBuffer
 from provider.driver.sandbox_ops import kill_tree
 from provider.driver.shell import StdinMode, build_wrapper_script, validate_env
-from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError
+from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError, RateLimitQueued
 
 OutputSink = Callable[[str, str], Awaitable[None]]
 
@@ -47,6 +53,9 @@ class ProcessRecord(Protocol):
 
 
 GATE_SLACK_SECONDS = 20  # the start gate's bounded wait: the command timeout plus this
+CREATE_SETTLE_SECONDS = 10.0
+"""A process create already sent may finish this long past the command's deadline, so that its
+outcome is known (the process is then killed) rather than poisoning the lease."""
 MAX_TIMEOUT_MS = 86_400_000
 
 
@@ -139,7 +148,7 @@ def timeout_seconds(timeout_ms: object, what: str) -> float:
 @dataclass
 class _Run:
     process_id: str | None = None
-    creation_unknown: bool = False
+    create: Wire = field(default_factory=lambda: Wire(settle=CREATE_SETTLE_SECONDS))
     exit: ExitFrame | None = None
     stdout: TailBuffer = field(default_factory=TailBuffer)
     stderr: TailBuffer = field(default_factory=TailBuffer)
@@ -158,6 +167,11 @@ class _Run:
         for stream, decoder in self.decoders.items():
             await self.emit(stream, decoder.flush(), sink)
 
+    @property
+    def creation_unknown(self) -> bool:
+        """The create was sent and never answered with a process."""
+        return self.process_id is None and self.create.sent
+
     def metadata(self) -> dict[str, Any]:
         return {
             "processId": self.process_id,
@@ -171,10 +185,11 @@ async def run_command(
     spec: CommandSpec,
     *,
     on_output: OutputSink | None,
-    cleanup_timeout: float,
+    cleanup_timeout: CleanupBound | float,
     record: ProcessRecord | None = None,
 ) -> dict[str, Any]:
-    """Run ``spec`` to completion or deadline; see the module docstring for the guarantees."""
+    """Run ``spec`` to completion or deadline; see the module docstring for the guarantees.
+    ``cleanup_timeout`` bounds the whole cleanup (a number: seconds, with no host budget)."""
     prepared = prepare_command(spec)
     script, stdin, stdin_path = prepared.script, prepared.stdin, prepared.stdin_path
     run = _Run()
@@ -185,9 +200,16 @@ async def run_command(
             )
         await run.flush(on_output)
     finally:
-        await _cleanup(client, sandbox_id, run, stdin_path, cleanup_timeout, record)
+        await _cleanup(client, sandbox_id, run, stdin_path, as_bound(cleanup_timeout), record)
     if run.exit is None:
         assert timer.cancelled_caught
+        if run.process_id is None and run.create.queued:
+            raise RateLimitQueued(
+                f"The command did not start within its {spec.timeout:g} s timeout: its request "
+                "was still waiting for its turn in the CreateOS rate-limit queue (the API allows "
+                "300 requests a minute per address), so nothing was sent and nothing ran. Run "
+                "it again, with a longer timeoutMs or fewer commands at once."
+            )
         return {
             "exitCode": None,
             "timedOut": True,
@@ -219,17 +241,10 @@ async def _start_and_follow(
     """Requests: [PUT staged stdin,] create, connect, then input or stdin close (3.3)."""
     if stdin_path is not None:
         await client.put_file(sandbox_id, stdin_path, stdin)
-    run.creation_unknown = True
-    try:
-        view = await client.create_process(
-            sandbox_id, cmd="/bin/bash", args=["-lc", script], cwd=spec.cwd
-        )
-    except APIStatusError as exc:
-        if exc.rejected:
-            run.creation_unknown = False  # a definite rejection: nothing started
-        raise
+    view = await client.create_process(
+        sandbox_id, cmd="/bin/bash", args=["-lc", script], cwd=spec.cwd, wire=run.create
+    )
     run.process_id = view.process_id
-    run.creation_unknown = False
     if record is not None:
         await record.started(view.process_id)
 
@@ -258,22 +273,21 @@ async def _cleanup(
     sandbox_id: str,
     run: _Run,
     stdin_path: str | None,
-    cleanup_timeout: float,
+    bound: CleanupBound,
     record: ProcessRecord | None,
 ) -> None:
     """Kill the tree if it may still run (3.8). A command that ran stages nothing that outlives
     it (the wrapper unlinks its stdin file first thing), so only a staged stdin file whose
-    command may never have started is removed here, by one more request."""
+    command may never have started is removed here, by one more request. Both share ``bound``."""
     confirmed = not run.creation_unknown
-    with anyio.CancelScope(shield=True):
-        with anyio.move_on_after(cleanup_timeout):
-            if run.process_id is not None and run.exit is None:
-                confirmed = False  # stays False if the deadline ends the kill
-                confirmed = await kill_tree(client, sandbox_id, run.process_id)
-            if confirmed and record is not None and run.process_id is not None:
-                await record.ended(run.process_id)
+    with bound.scope():
+        if run.process_id is not None and run.exit is None:
+            confirmed = False  # stays False if the deadline ends the kill
+            confirmed = await kill_tree(client, sandbox_id, run.process_id)
+        if confirmed and record is not None and run.process_id is not None:
+            await record.ended(run.process_id)
         if stdin_path is not None and run.exit is None:
-            with anyio.move_on_after(cleanup_timeout), contextlib.suppress(ProviderError):
+            with contextlib.suppress(ProviderError):
                 await client.exec(sandbox_id, "/bin/rm", ["-f", "--", stdin_path])
     if not confirmed:
         if run.process_id is None:

@@ -14,7 +14,10 @@ safe for several worker processes at once) in the worker's state folder:
   upload's copy of the host files left by a crash is removed from a kept sandbox;
 - ``kept_forks``: reusable leases forked from a template, by scope tag. Forks take no
   name, so this is how the reaper knows them as this environment's (provider.driver.reaper);
-  the newest :data:`KEPT_FORKS_CAP` rows are kept.
+  the newest :data:`KEPT_FORKS_CAP` rows are kept;
+- ``gone``: sandboxes this worker deleted or CreateOS answered 404 for, so calls on their
+  leases are refused without a request after a restart too (provider.driver.gone); the newest
+  :data:`GONE_CAP` rows are kept.
 
 Entries carry an *owner* ``<pid>:<start time>:<boot id>`` (see :func:`current_owner`). An entry
 whose owner is no longer alive was left by a crashed worker: the next call that carries the same
@@ -59,6 +62,9 @@ CREATE TABLE IF NOT EXISTS {db}.scratches (
   path TEXT PRIMARY KEY, sandbox_id TEXT, api_url TEXT, key_hash TEXT, owner TEXT);
 CREATE TABLE IF NOT EXISTS {db}.kept_forks (
   sandbox_id TEXT PRIMARY KEY, tag TEXT, key_hash TEXT, recorded_at REAL);
+CREATE TABLE IF NOT EXISTS {db}.gone (
+  api_url TEXT, key_hash TEXT, lease_id TEXT, reason TEXT, recorded_at REAL,
+  PRIMARY KEY (api_url, key_hash, lease_id));
 """
 """The tables, in schema ``{db}`` (``main``, or ``legacy`` for an attached legacy journal)."""
 _LEGACY_ROWS = (
@@ -73,6 +79,8 @@ CREATE_WATCH_SECONDS = 900.0
 """How long recovery keeps looking for a create that may still land (15 minutes)."""
 KEPT_FORKS_CAP = 10_000
 """Rows of ``kept_forks`` kept (newest first): a fork deleted behind our back leaves its row."""
+GONE_CAP = 4_096
+"""Rows of ``gone`` kept (newest first)."""
 
 
 @dataclass(frozen=True)
@@ -298,6 +306,32 @@ class LeaseJournal:
         own listing shows (a rotated key still sees the account's sandboxes)."""
         rows = self._select("SELECT sandbox_id FROM {db}.kept_forks WHERE tag=?", (tag,))
         return frozenset(sandbox_id for (sandbox_id,) in rows)
+
+    # -- gone sandboxes -----------------------------------------------------------------------
+
+    def add_gone(self, scope: ScopeKey, reason: str) -> None:
+        """Record that ``scope``'s sandbox is gone (``reason``: how we know); keeps the newest
+        :data:`GONE_CAP` rows."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO gone VALUES (?,?,?,?,?)",
+                (scope.api_url, scope.key_hash, scope.lease_id, reason, time.time()),
+            )
+            db.execute(
+                "DELETE FROM gone WHERE rowid NOT IN"
+                " (SELECT rowid FROM gone ORDER BY recorded_at DESC LIMIT ?)",
+                (GONE_CAP,),
+            )
+
+    def gone(self, scope: ScopeKey, *, since: float) -> tuple[str, float] | None:
+        """The reason and time (wall clock) recorded for ``scope``'s sandbox no earlier than
+        ``since``, or None."""
+        rows = self._select(
+            "SELECT reason, recorded_at FROM {db}.gone WHERE api_url=? AND key_hash=?"
+            " AND lease_id=? AND recorded_at>=?",
+            (scope.api_url, scope.key_hash, scope.lease_id, since),
+        )
+        return (str(rows[0][0]), float(rows[0][1])) if rows else None
 
 
 def _scope_row(scope: ScopeKey) -> tuple[str, str, str, str, str]:

@@ -20,6 +20,7 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import NotFound
+from provider.driver import gone
 from provider.driver.acquire import MARKER_PATH, LeaseHook
 from provider.driver.params import LeaseIdParams, LeaseParams
 from provider.driver.placement import is_keepable, is_warm, placement_changed, stored_egress
@@ -57,6 +58,8 @@ TeardownHook = Callable[[BoundCall, str], Awaitable[None]]
 async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any]:
     call = bind_call(runtime, params)
     metadata = params.leaseMetadata or {}
+    if await runtime.gone.reason(owned_scope(call, params.providerLeaseId, metadata)):
+        return GONE  # no request: this worker saw the sandbox deleted
     scope = await claim_lease(runtime, call, params.providerLeaseId, metadata)
     runtime.tracker.check_usable(scope, "resume this lease")
     sandbox_id = scope.lease_id
@@ -70,6 +73,8 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
         with deadline(min(call.timeout, RESUME_DEADLINE_CAP), "Resuming the CreateOS sandbox"):
             try:
                 status = await read_status(client, sandbox_id)
+                if status == "destroyed":
+                    await runtime.gone.mark(scope, gone.NOT_FOUND)
                 if status in ("destroyed", "failed"):
                     return GONE
                 if status == "destroying":  # transient: it does not prove the sandbox gone yet
@@ -81,6 +86,7 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
                 await transition(client, sandbox_id, "running")
                 check = await client.exec(sandbox_id, "/bin/cat", [MARKER_PATH])
             except NotFound:
+                await runtime.gone.mark(scope, gone.NOT_FOUND)
                 return GONE
     if check.exit_code != 0 or check.stdout != marker:
         return GONE
@@ -105,6 +111,9 @@ async def release(
     if not params.providerLeaseId:
         return None
     call = bind_call(runtime, params)
+    owned = owned_scope(call, params.providerLeaseId, params.leaseMetadata)
+    if await runtime.gone.deleted_here(owned):  # deleted already: nothing to do, no request
+        return {"providerLeaseId": owned.lease_id, "state": "destroyed"}
     scope = await claim_lease(runtime, call, params.providerLeaseId, params.leaseMetadata)
     sandbox_id = scope.lease_id
     verb = "destroyed" if destroy else "released"
@@ -117,6 +126,7 @@ async def release(
         if destroy or not is_keepable(call.config, params.leaseMetadata):
             with deadline(call.timeout, "Deleting the CreateOS sandbox"):
                 await delete_sandbox_confirmed(client, sandbox_id)
+            await runtime.gone.mark(scope, gone.DESTROYED if destroy else gone.RELEASED)
             await runtime.clear_poison(scope)
             await anyio.to_thread.run_sync(runtime.journal.remove_kept_fork, sandbox_id)
             return {"providerLeaseId": sandbox_id, "state": "destroyed"}
@@ -129,6 +139,7 @@ async def release(
                 with deadline(call.timeout, "Pausing the CreateOS sandbox"):
                     await transition(client, sandbox_id, "paused")
         except NotFound:
+            await runtime.gone.mark(scope, gone.NOT_FOUND)
             return {"providerLeaseId": sandbox_id, "state": "destroyed"}
     if on_kept is not None:
         on_kept(call, sandbox_id)

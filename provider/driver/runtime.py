@@ -9,6 +9,7 @@ before any HTTP request.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,13 +23,16 @@ from provider.createos.client import CreateOSClient
 from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
 from provider.createos.pool import ConnectionPool
+from provider.createos.wire import Wire
 from provider.driver.background import BackgroundTasks
+from provider.driver.budget import CleanupBound, host_bound
+from provider.driver.gone import GoneLeases
 from provider.driver.journal import LeaseJournal
 from provider.driver.keepalive import default_interval
 from provider.driver.params import CallParams
 from provider.driver.reuse import scope_tag
 from provider.driver.tracker import LeaseTracker, ScopeKey
-from provider.errors import ProviderError, RequestRefused
+from provider.errors import ProviderError, RateLimitQueued, RequestRefused
 
 ROOT = "/paperclip-workspace"
 PROVIDER_NAME = "createos"
@@ -51,8 +55,13 @@ class DriverRuntime:
     pool: ConnectionPool = field(default_factory=ConnectionPool)
     #: seconds between keepalive reads of a warm lease, from its window (tests shorten it)
     keepalive_interval: Callable[[int], float] = default_interval
+    #: (origin, key hash) pairs whose open creates a background job is looking for
+    create_watches: set[tuple[str, str]] = field(default_factory=set)
+    #: sandboxes known to be gone (deleted or 404), backed by the journal
+    gone: GoneLeases = field(init=False)
 
     def __post_init__(self) -> None:
+        self.gone = GoneLeases(self.journal)
         if self.client_factory is default_client_factory:  # keep-alive connections per key
             pool = self.pool
             self.client_factory = lambda config, api_key: pool.client(config.api_url, api_key)
@@ -75,12 +84,14 @@ class DriverRuntime:
 
 @dataclass(frozen=True)
 class BoundCall:
-    """One call's parsed config, resolved key and identity."""
+    """One call's parsed config, resolved key and identity; ``received``: when the worker got
+    the call (anyio time), from which the host's budget for it counts."""
 
     config: EnvironmentConfig
     api_key: str
     company_id: str
     environment_id: str
+    received: float = -math.inf
 
     def scope(self, lease_id: str) -> ScopeKey:
         return ScopeKey.build(
@@ -95,6 +106,13 @@ class BoundCall:
     def timeout(self) -> float:
         return self.config.timeout_ms / 1000
 
+    def cleanup_bound(self, cap: float) -> CleanupBound:
+        """Cleanup of this call: ``cap`` seconds, never past the host's budget for a verb whose
+        budget counts from ``config.timeoutMs`` (acquire, release, destroy, sync)."""
+        if math.isinf(self.received):
+            return CleanupBound(cap)
+        return host_bound(cap, self.timeout, since=self.received)
+
     @property
     def scope_tag(self) -> str:
         """This environment's tag in sandbox names and the kept-fork ledger (2.13)."""
@@ -104,7 +122,9 @@ class BoundCall:
 def bind_call(runtime: DriverRuntime, params: CallParams) -> BoundCall:
     config = parse_config(params.config)
     api_key = resolve_api_key(config, runtime.environ)
-    return BoundCall(config, api_key, params.companyId, params.environmentId)
+    return BoundCall(
+        config, api_key, params.companyId, params.environmentId, received=anyio.current_time()
+    )
 
 
 def owned_scope(
@@ -141,10 +161,18 @@ def foreign_fields(meta: Mapping[str, Any], expected: Sequence[tuple[str, str, s
 
 
 @contextmanager
-def deadline(seconds: float, what: str) -> Iterator[None]:
-    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`."""
+def deadline(seconds: float, what: str, *, wire: Wire | None = None) -> Iterator[None]:
+    """A deadline as an anyio cancel scope; expiry becomes a clear :class:`ProviderError`, or
+    :class:`RateLimitQueued` when it came while ``wire``'s request waited for its turn."""
     try:
         with anyio.fail_after(seconds):
             yield
     except TimeoutError as exc:
+        if wire is not None and wire.queued and not wire.sent:
+            raise RateLimitQueued(
+                f"{what} did not finish within {seconds:g} s: its request was still waiting "
+                "for its turn in the CreateOS rate-limit queue (the API allows 300 requests a "
+                "minute per address), so nothing was sent. Try again later or with a longer "
+                "timeoutMs."
+            ) from exc
         raise ProviderError(f"{what} did not finish within {seconds:g} s.") from exc

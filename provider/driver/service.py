@@ -18,6 +18,7 @@ import anyio
 from provider.config import validate_config
 from provider.createos.client import CreateOSClient
 from provider.driver import acquire, leases, template_capture, templates
+from provider.driver.budget import host_bound
 from provider.driver.channels import DuplexChannels
 from provider.driver.execute import CommandSpec, prepare_command, run_command, timeout_seconds
 from provider.driver.interactive import Interactive
@@ -44,7 +45,7 @@ from provider.driver.process_records import JournaledProcesses
 from provider.driver.reaper import Reaper
 from provider.driver.recovery import claim_lease
 from provider.driver.registry import LeaseRef
-from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline
+from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline, owned_scope
 from provider.driver.sync import SyncSession
 from provider.driver.sync_plan import Direction, plan_sync
 from provider.driver.sync_size import check_sync_sizes
@@ -225,7 +226,7 @@ class DriverService:
             timeout=timeout,
         )
         prepare_command(spec)  # refuses bad or oversized values before any request
-        scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
+        scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
         self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         relay = LiveRelay(self.notify)
         failure: Exception | None = None
@@ -234,6 +235,7 @@ class DriverService:
             self.runtime.client_factory(call.config, call.api_key) as client,
             self._keepalive(client, scope, p.lease.metadata),
             self._poison_on_unconfirmed(scope),
+            self.runtime.gone.on_not_found(scope),
         ):
             # The relay's writer runs beside the command; the result is answered once it has
             # sent every live chunk. A failure is re-raised outside the task group so that it
@@ -246,7 +248,7 @@ class DriverService:
                         scope.lease_id,
                         spec,
                         on_output=relay.put,
-                        cleanup_timeout=call.timeout,
+                        cleanup_timeout=host_bound(call.timeout, timeout, since=call.received),
                         record=JournaledProcesses(self.runtime.journal, scope),
                     )
                 except Exception as exc:
@@ -269,7 +271,7 @@ class DriverService:
         method = "environmentSyncIn" if direction == "in" else "environmentSyncOut"
         p = decode_params(params, SyncParams, method)
         call = bind_call(self.runtime, p)
-        scope = await claim_lease(self.runtime, call, p.lease.providerLeaseId, p.lease.metadata)
+        scope = await self._claim(call, p.lease.providerLeaseId, p.lease.metadata)
         self.interactive.register(call, scope.lease_id, warm_window(p.lease.metadata))
         self.runtime.tracker.check_usable(scope, "sync files")
         planned = await plan_sync(p.operations, direction)
@@ -283,13 +285,13 @@ class DriverService:
             session = SyncSession(
                 client,
                 scope.lease_id,
-                cleanup_timeout=call.timeout,
+                cleanup_timeout=call.cleanup_bound(call.timeout),
                 log=self.log,
                 journal=self.runtime.journal,
                 record=records,
                 scratches=records,
             )
-            async with self._poison_on_unconfirmed(scope):
+            async with self._poison_on_unconfirmed(scope), self.runtime.gone.on_not_found(scope):
                 with deadline(call.timeout, "The file sync"):
                     if direction == "in":
                         results = await session.sync_in(planned)
@@ -308,6 +310,13 @@ class DriverService:
             warm_window(metadata),
             self.runtime.keepalive_interval,
         )
+
+    async def _claim(
+        self, call: BoundCall, lease_id: str | None, metadata: dict[str, Any] | None
+    ) -> ScopeKey:
+        """:func:`claim_lease`, refusing first (without a request) a lease known to be gone."""
+        await self.runtime.gone.refuse(owned_scope(call, lease_id, metadata))
+        return await claim_lease(self.runtime, call, lease_id, metadata)
 
     @asynccontextmanager
     async def _poison_on_unconfirmed(self, scope: ScopeKey) -> AsyncIterator[None]:

@@ -41,6 +41,7 @@ import anyio
 from provider.createos.client import CreateOSClient
 from provider.driver import archive, sync_files, sync_parts, sync_steps
 from provider.driver.archive import ArchiveStats, build_directory_archive
+from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
 from provider.driver.process_records import JournaledProcesses
@@ -63,7 +64,7 @@ class SyncSession:
         client: CreateOSClient,
         sandbox_id: str,
         *,
-        cleanup_timeout: float,
+        cleanup_timeout: CleanupBound | float,
         log: LogSink | None,
         journal: LeaseJournal | None = None,
         record: ProcessRecord | None = None,
@@ -82,7 +83,7 @@ class SyncSession:
         self.part_bytes = part_bytes
         self.client = client
         self.sandbox_id = sandbox_id
-        self.cleanup_timeout = cleanup_timeout
+        self.cleanup_timeout = as_bound(cleanup_timeout)  # one bound for every cleanup
         self.log = log
         self.journal = journal
         self.record = record
@@ -286,7 +287,7 @@ class SyncSession:
         with anyio.CancelScope(shield=True):
             if not done:
                 command, args = scratch.removal_command()
-                with anyio.move_on_after(self.cleanup_timeout), contextlib.suppress(ProviderError):
+                with self.cleanup_timeout.scope(), contextlib.suppress(ProviderError):
                     await self.client.exec(self.sandbox_id, command, args)
                     done = True
             if done and self.scratches is not None:
