@@ -21,7 +21,9 @@ wall time (invoke to final status), API requests (emulator log, invoke to the le
 ``environmentExecute`` calls and their p50/p90 latency, how many were the host's bridge polls and
 log-tail ticks (classified from the commands the emulator ran), requests per execute, and the
 ratio to local, and the agent's bridge round trip (one ``GET /api/agents/me`` from inside the
-sandbox, timed by the stub) with the bridge mode it saw. Writes bench/results/heartbeat.json.
+sandbox, timed by the stub) with the bridge mode it saw; over the whole run, the busiest 60 s
+window of request starts the emulator saw (``busiest_60s_window``, from its request log's
+timestamps). Writes bench/results/heartbeat.json.
 
     .venv/bin/python bench/heartbeat.py [--rounds 2]
         [--variants local,sandbox,unpaced,streamed,duplex]
@@ -56,6 +58,7 @@ from provider.devtools.agent_heartbeat import (
 )
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
 from provider.devtools.emulator_process import EmulatorProcess
+from provider.devtools.windows import max_in_window
 
 VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed", "duplex")
 NO_PAUSE: Final = {"PAPERCLIP_STUB_PAUSE": "0"}  # a no-op agent: the stub does not sleep
@@ -247,6 +250,7 @@ async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
     root = scratch_root("bench-heartbeat-")
     key = f"bench-{secrets.token_hex(6)}"
     results: list[Measured] = []
+    starts: list[float] = []
     try:
         images = {STUB_IMAGE: stage_stub_image(root)}
         async with EmulatorProcess(root / "emulator", key, images=images) as emu:
@@ -279,9 +283,12 @@ async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
                             m = await run_variant(bench, site, agents, envs, variant, n)
                             results.append(m)
                             print(json.dumps(m.as_dict()), flush=True)
+                    starts = [r["time"] for r in await bench.emu.admin.requests()]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return summarize(results)
+    summary = summarize(results)
+    summary["busiest_60s_window"] = max_in_window(starts, 60.0)
+    return summary
 
 
 def summarize(results: list[Measured]) -> dict[str, Any]:

@@ -77,7 +77,8 @@ def virtual_pacer(
 
 
 def assert_window_bound(starts: Sequence[float], interval: float = TAU) -> None:
-    """No window of T seconds (scaled with the interval) holds more than 10 + 4·T starts."""
+    """No window of T seconds (scaled with the interval) holds more than 40 + 4·T starts (at
+    most 280 in a minute)."""
     for seconds in WINDOWS:
         window = seconds * interval / TAU
         most = max_in_window(starts, window)
