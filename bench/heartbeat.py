@@ -348,6 +348,7 @@ def main() -> None:
     result["wall_s"] = round(time.monotonic() - started, 1)
     for variant, entry in result["summary"].items():
         print(f"{variant:9} {json.dumps(entry)}")
+    print(f"busiest 60 s window of request starts at the emulator: {result['busiest_60s_window']}")
     print(f"written to {save_result('heartbeat', result)}")
     ok = all(entry["all_succeeded"] for entry in result["summary"].values())
     sys.exit(0 if ok else 1)
