@@ -2,7 +2,10 @@
 
 One full Paperclip server (2026.916.1), one emulator, the stub agent CLI of
 ``tests/e2e/agent-image`` (provider/devtools/agent_heartbeat.py). Each round runs one heartbeat
-per variant, interleaved, so every variant meets the same machine load:
+per variant, interleaved, so every variant meets the same machine load. Each paced heartbeat
+starts on a full request bucket (the bench waits ``capacity x interval`` before it, outside the
+timed window): the lone heartbeat the pacer's burst is sized for. ``--back-to-back`` starts each
+at once instead, on whatever the previous one left (saturated pacing):
 
 - ``local``: the agent on the host's local environment (the baseline);
 - ``sandbox``: a createos environment with default pacing and default host settings;
@@ -21,9 +24,11 @@ wall time (invoke to final status), API requests (emulator log, invoke to the le
 ``environmentExecute`` calls and their p50/p90 latency, how many were the host's bridge polls and
 log-tail ticks (classified from the commands the emulator ran), requests per execute, and the
 ratio to local, and the agent's bridge round trip (one ``GET /api/agents/me`` from inside the
-sandbox, timed by the stub) with the bridge mode it saw. Writes bench/results/heartbeat.json.
+sandbox, timed by the stub) with the bridge mode it saw; over the whole run, the busiest 60 s
+window of request starts the emulator saw (``busiest_60s_window``, from its request log's
+timestamps). Writes bench/results/heartbeat.json.
 
-    .venv/bin/python bench/heartbeat.py [--rounds 2]
+    .venv/bin/python bench/heartbeat.py [--rounds 2] [--back-to-back]
         [--variants local,sandbox,unpaced,streamed,duplex]
 """
 
@@ -45,6 +50,7 @@ import anyio
 import httpx
 from _common import save_result
 
+from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
 from provider.devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_HOST_COMMAND,
@@ -56,8 +62,10 @@ from provider.devtools.agent_heartbeat import (
 )
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
 from provider.devtools.emulator_process import EmulatorProcess
+from provider.devtools.windows import max_in_window
 
 VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed", "duplex")
+PACED: Final = ("sandbox", "streamed", "duplex")
 NO_PAUSE: Final = {"PAPERCLIP_STUB_PAUSE": "0"}  # a no-op agent: the stub does not sleep
 PLUGIN_KEY: Final = json.loads((REPO_ROOT / "manifest.json").read_text())["id"]
 LIFECYCLE: Final = re.compile(r"^/v1/sandboxes(/sb_[^/]+(/pause|/resume)?)?$")
@@ -203,9 +211,12 @@ async def run_variant(
     envs: dict[str, str],
     variant: str,
     n: int,
+    back_to_back: bool,
 ) -> Measured:
     await bench.set_worker_env("0" if variant == "unpaced" else None)
     await bench.set_duplex_bridge(site, variant == "duplex")
+    if variant in PACED and not back_to_back:
+        await anyio.sleep(CAPACITY * DEFAULT_INTERVAL + 0.05)  # a full bucket: a lone heartbeat
     seen = max([0, *(r["seq"] for r in await bench.emu.admin.requests())])
     history_seen = len(await bench.emu.admin.process_history())
     wall_start = time.time()
@@ -243,10 +254,11 @@ async def run_variant(
     return measured
 
 
-async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
+async def run(rounds: int, variants: list[str], back_to_back: bool) -> dict[str, Any]:
     root = scratch_root("bench-heartbeat-")
     key = f"bench-{secrets.token_hex(6)}"
     results: list[Measured] = []
+    starts: list[float] = []
     try:
         images = {STUB_IMAGE: stage_stub_image(root)}
         async with EmulatorProcess(root / "emulator", key, images=images) as emu:
@@ -276,12 +288,17 @@ async def run(rounds: int, variants: list[str]) -> dict[str, Any]:
                         )
                     for n in range(rounds):
                         for variant in variants:
-                            m = await run_variant(bench, site, agents, envs, variant, n)
+                            m = await run_variant(
+                                bench, site, agents, envs, variant, n, back_to_back
+                            )
                             results.append(m)
                             print(json.dumps(m.as_dict()), flush=True)
+                    starts = [r["time"] for r in await bench.emu.admin.requests()]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return summarize(results)
+    summary = summarize(results)
+    summary["busiest_60s_window"] = max_in_window(starts, 60.0)
+    return summary
 
 
 def summarize(results: list[Measured]) -> dict[str, Any]:
@@ -331,16 +348,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="start each paced heartbeat at once instead of on a full bucket",
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     started = time.monotonic()
-    result = anyio.run(run, args.rounds, variants)
+    result = anyio.run(run, args.rounds, variants, args.back_to_back)
     result["wall_s"] = round(time.monotonic() - started, 1)
     for variant, entry in result["summary"].items():
         print(f"{variant:9} {json.dumps(entry)}")
+    print(f"busiest 60 s window of request starts at the emulator: {result['busiest_60s_window']}")
     print(f"written to {save_result('heartbeat', result)}")
     ok = all(entry["all_succeeded"] for entry in result["summary"].values())
     sys.exit(0 if ok else 1)

@@ -45,7 +45,7 @@ def main() -> None:
           f"most in any 60 s: {r.max_in_60s_window} (limit 300)")  # fmt: skip
     print(f"request starts on the wire: smallest gap {r.min_start_gap_ms:.1f} ms, "
           f"at most {r.max_ahead_of_bound_ms:.1f} ms "
-          f"ahead of the pacer's bound (10 + 4 per second)")  # fmt: skip
+          f"ahead of the pacer's bound (40 + 4 per second)")  # fmt: skip
     print(f"emulator: {r.emulator_requests} requests logged, {r.emulator_429s} answered 429; "
           f"smallest gap between logged (handled) requests "
           f"{r.emulator_log_min_gap_ms:.1f} ms")  # fmt: skip

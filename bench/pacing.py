@@ -3,7 +3,7 @@
 Simulated request starts, no HTTP: a request is ``wait_turn()`` then a 30 ms sleep standing in
 for the call. Two pacers run side by side in one event loop, on the same seeded workload:
 
-- ``bucket``: the product's :class:`~provider.createos.pacer.RequestPacer` (capacity 10, one
+- ``bucket``: the product's :class:`~provider.createos.pacer.RequestPacer` (capacity 40, one
   token per 250 ms) on its shared file in a temp runtime folder;
 - ``even``: the earlier design, every start at least 300 ms after the previous one (a tiny
   in-process baseline kept in this script, not in the product).
@@ -12,7 +12,7 @@ Workload per pacer (``--leases`` copies of a lease loop plus one poller): a burs
 concurrent requests, wait for them, a gap of 200-500 ms (``--gap-ms``), repeat; and a steady
 background poll, one request a second. Prints per pacer the requests per minute achieved, the
 most starts in any 60 s window (any window of the run when it is shorter) and in 1/5/10 s
-windows against the bucket's bound ``10 + 4*T``, and the time from a burst's issue to its last
+windows against the bucket's bound ``40 + 4*T``, and the time from a burst's issue to its last
 start; then the ratio bucket/even of requests per minute. Writes bench/results/pacing.json.
 
     .venv/bin/python bench/pacing.py [--seconds 60] [--leases 1] [--gap-ms 200,500] [--quick]
@@ -173,7 +173,7 @@ def main() -> None:
     print(f"{seconds:.0f} s, {args.leases} lease loop(s) of {BURST}-request bursts "
           f"{low * 1000:.0f}-{high * 1000:.0f} ms apart + a poll every {POLL_S:.0f} s, "
           f"wall {report['wall_s']} s")  # fmt: skip
-    for name, label in (("bucket", "token bucket 10 + 4/s"), ("even", "even 300 ms")):
+    for name, label in (("bucket", f"token bucket {CAPACITY} + 4/s"), ("even", "even 300 ms")):
         r = report[name]
         w = r["max_in_window"]
         b = r["burst_to_last_start_s"]

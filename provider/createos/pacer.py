@@ -4,28 +4,40 @@ CreateOS allows 300 requests per minute per caller IP. Every request start (cont
 retries, cleanup, stream opens) first awaits :meth:`RequestPacer.wait_turn`, which takes one
 token from the bucket of the request's normalized origin (provider-behavior.md section 4):
 
-* **capacity 10 tokens, refill one token per** ``interval`` (default 250 ms, 4 per second),
-  starting full. A burst of up to 10 starts goes out without waiting; an open stream holds no
-  token.
-* **Bound:** in any window of T seconds at most ``10 + T / interval`` starts reach one origin
-  (10 + 4·T: at most 250 in any minute, leaving 50 of the 300 to other clients on the IP).
+* **capacity 40 tokens, refill one token per** ``interval`` (default 250 ms, 4 per second),
+  starting full. A burst of up to 40 starts goes out without waiting (a lone agent heartbeat of
+  a few dozen requests needs no waiting); an open stream holds no token.
+* **Bound:** in any window of T seconds at most ``40 + T / interval`` starts reach one origin
+  (40 + 4·T: at most 280 in any minute, leaving 20 of the 300 to other clients on the IP).
+  Capacity and rate share that budget, ``capacity + 60 / interval <= 280``: the rate stays at
+  4 per second (the sustained pace, which bounds how many heartbeats an IP completes a minute)
+  and the rest of the minute's budget is the burst.
 * A **429** (:meth:`RequestPacer.penalize`) empties the bucket for every worker and holds every
   start until ``Retry-After`` (at most :data:`MAX_HOLD`) has passed; the bucket refills from then.
 
 **State.** One number per origin, ``full_at``: the time at which the bucket will be full again,
-so ``tokens(now) = min(10, 10 - (full_at - now) / interval)``. A start at ``now`` is allowed when
-``now >= full_at - 9 * interval`` (at least one token) and sets
+so ``tokens(now) = min(C, C - (full_at - now) / interval)`` with ``C = 40``. A start at ``now``
+is allowed when ``now >= full_at - (C - 1) * interval`` (at least one token) and sets
 ``full_at = max(full_at, now) + interval``. A 429 sets
-``full_at = max(full_at, now + hold + 10 * interval)``: empty at the end of the hold, so the
-first start comes one interval after it.
+``full_at = max(full_at, now + hold + C * interval)``: empty at the end of the hold, so the
+first start comes one interval after it and the bucket refills from zero (no burst right after a
+hold: full again only ``C * interval`` = 10 s later).
 
 **Why the bound holds.** Number the starts in the order they were granted (each grant is a
 read-modify-write of ``full_at`` under one lock, reading the clock inside it, so grant times
 ``t1 <= t2 <= ...`` follow that order). Every grant raises ``full_at`` by at least ``interval``
 and nothing lowers it (a 429 only raises it), so after grant k, ``full_at >= t1 + k * interval``.
-Grant n needed ``tn >= full_at - 9 * interval >= t1 + (n - 1) * interval - 9 * interval``, hence
-``n <= 10 + (tn - t1) / interval``: a window of T seconds holds at most ``10 + T / interval``.
-Only a record from another boot or a corrupt one is dropped (the process's floor still holds).
+Grant n needed ``tn >= full_at - (C - 1) * interval >= t1 + (n - 1) * interval - (C - 1) *
+interval``, hence ``n <= C + (tn - t1) / interval``: a window of T seconds holds at most
+``C + T / interval``. Only a record from another boot or a corrupt one is dropped (the process's
+floor still holds).
+
+**Restarts and fresh files.** A worker that restarts opens the same file and reads the state
+its predecessors left, so a restart grants nothing the bound does not allow. A file with no
+valid record (its first use since boot) starts full, C tokens: no worker of this boot has
+spent from it. The file's state is lost only on a reboot (a new boot id) or if someone removes
+the file while workers run; a reboot takes longer than ``C * interval`` (10 s), and starts on
+both sides of a gap of at least that length stay within ``2C + (60 - 10) * 4 = 280`` a minute.
 
 **Sharing.** With a ``shared_dir`` the value lives in a small file per origin (named by the
 sha256 of the origin) that every worker process of this user on the host updates under an
@@ -49,7 +61,7 @@ processes the first waiters of each process compete for tokens (best effort, not
 bound holds regardless.
 
 ``PAPERCLIP_CREATEOS_PACE_MS`` sets the refill interval of :func:`pacer_for` pacers (default
-250; 0 disables pacing); the capacity stays 10. Unit tests may inject the clock (it must agree
+250; 0 disables pacing); the capacity stays 40. Unit tests may inject the clock (it must agree
 with anyio's sleep, e.g. ``anyio.current_time`` under a virtual-time event loop).
 """
 
@@ -85,7 +97,7 @@ __all__ = [
     "pacer_for",
 ]
 
-CAPACITY: Final = 10
+CAPACITY: Final = 40
 """Tokens in a full bucket: the largest burst of starts that goes out without waiting."""
 DEFAULT_INTERVAL: Final = 0.25
 """Seconds per refilled token (4 per second)."""
@@ -366,7 +378,7 @@ def _env_interval() -> float:
 
 
 def pacer_for(origin: str) -> RequestPacer:
-    """The process-wide pacer of ``origin`` (capacity 10, one token per 250 ms unless
+    """The process-wide pacer of ``origin`` (capacity 40, one token per 250 ms unless
     ``PAPERCLIP_CREATEOS_PACE_MS`` says otherwise; shared across processes by default)."""
     key = normalize_origin(origin)
     with _registry_lock:

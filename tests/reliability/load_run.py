@@ -7,7 +7,7 @@ request when it has been handled, so a slow one would look like a late start; it
 reported too.) The emulator runs with its rate limit on (300 requests per minute per client IP);
 its log shows whether it ever answered 429.
 
-The pacer grants at most 10 + 4·T starts in any window of T seconds (a bucket of 10 tokens
+The pacer grants at most 40 + 4·T starts in any window of T seconds (a bucket of 40 tokens
 refilled every 250 ms); the bytes reach the wire a little later than the grant (a busy event
 loop), so a window on the wire can look slightly fuller than the grants were.
 ``max_ahead_of_bound_ms`` measures exactly that: how far the starts on the wire ever ran ahead
@@ -28,13 +28,14 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
 from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 
 API_KEY = "load-key"
-REFILL_S = 0.25  # the pacer's default refill interval
-BUCKET = 10  # and its capacity
+REFILL_S = DEFAULT_INTERVAL  # the pacer's default refill interval
+BUCKET = CAPACITY  # and its capacity
 HEAD_END = b"\r\n\r\n"
 
 

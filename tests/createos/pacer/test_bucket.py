@@ -24,7 +24,7 @@ from tests.createos.pacer.virtual_time import (
 
 
 @pytest.mark.anyio
-async def test_full_bucket_lets_ten_through_at_once(shared: Path | None) -> None:
+async def test_full_bucket_lets_the_capacity_through_at_once(shared: Path | None) -> None:
     starts: list[float] = []
     pacer = virtual_pacer(shared, starts)
     t0 = anyio.current_time()
@@ -74,14 +74,14 @@ async def test_waiters_are_served_in_call_order(shared: Path | None) -> None:
         order.append((index, anyio.current_time() - t0))
 
     async with anyio.create_task_group() as tg:
-        for index in range(25):
+        for index in range(CAPACITY + 15):
             tg.start_soon(waiter, index)
             await anyio.sleep(0.01)
 
-    assert [index for index, _ in order] == list(range(25))
-    # Ten from the full bucket as they came, then one per refill.
+    assert [index for index, _ in order] == list(range(CAPACITY + 15))
+    # The capacity from the full bucket as they came, then one per refill.
     assert_window_bound([t for _, t in order])
-    assert order[-1][1] >= (25 - CAPACITY) * TAU - EPS
+    assert order[-1][1] >= 15 * TAU - EPS
 
 
 @pytest.mark.anyio
@@ -115,7 +115,7 @@ async def test_already_cancelled_waiter_fails_at_once_and_the_next_still_runs(
     assert t0 + TAU - EPS <= times["pending"] < t0 + TAU + 0.01
     assert t0 + 2 * TAU - EPS <= times["next"] < t0 + 2 * TAU + 0.01  # it took no token
 
-    # With a full bucket too: the cancelled waiter leaves the tokens to the ten behind it.
+    # With a full bucket too: the cancelled waiter leaves the tokens to the capacity behind it.
     await anyio.sleep(CAPACITY * TAU)
     starts: list[float] = []
     fresh = virtual_pacer(shared, starts)
@@ -227,7 +227,7 @@ async def test_a_failing_waiter_does_not_break_the_line(shared: Path | None) -> 
 
 
 @pytest.mark.anyio
-async def test_tokens_refill_at_four_per_second_up_to_ten(shared: Path | None) -> None:
+async def test_tokens_refill_at_four_per_second_up_to_capacity(shared: Path | None) -> None:
     starts: list[float] = []
     pacer = virtual_pacer(shared, starts)
     await drain(pacer)
@@ -238,7 +238,7 @@ async def test_tokens_refill_at_four_per_second_up_to_ten(shared: Path | None) -
     assert starts[CAPACITY : CAPACITY + 4] == [t1] * 4
     assert starts[-1] >= t1 + TAU - EPS
 
-    await anyio.sleep(3600)  # a long pause refills to ten, not more
+    await anyio.sleep(3600)  # a long pause refills to capacity, not more
     t2 = anyio.current_time()
     async with anyio.create_task_group() as tg:
         for _ in range(CAPACITY + 1):
@@ -261,7 +261,7 @@ async def test_429_empties_the_bucket_and_holds_every_worker_until_retry_after(
     starts: list[float] = []
     one = virtual_pacer(tmp_path, starts)
     two = virtual_pacer(tmp_path, starts)  # another worker on the same host
-    await one.wait_turn()  # nine tokens left
+    await one.wait_turn()  # one token spent
     t0 = anyio.current_time()
 
     await one.penalize(retry_after)

@@ -176,7 +176,7 @@ def test_pacer_for_is_one_pacer_per_normalized_origin(
 
     assert pacer is pacer_for("https://api.sb.createos.sh")
     assert pacer is not pacer_for("https://api.sb.createos.sh:8443")
-    assert pacer.interval == 0.25 and pacer.capacity == 10
+    assert pacer.interval == 0.25 and pacer.capacity == 40
     assert pacer.shared_path is not None and pacer.shared_path.parent == tmp_path
 
 

@@ -1,5 +1,6 @@
-"""RequestPacer: no window of T seconds holds more than 10 + 4·T starts, however the bursts of
-several workers fall (provider-behavior.md section 4, checklist 43)."""
+"""RequestPacer: no window of T seconds holds more than 40 + 4·T starts (at most 280 in a minute,
+20 of CreateOS's 300 left to other clients), however the bursts of several workers, their
+restarts and 429s fall (provider-behavior.md section 4, checklist 43)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ Burst = tuple[float, int, bool, float | None, float | None]
 
 bursts = st.tuples(
     st.floats(0, 3),
-    st.integers(1, 12),
+    st.integers(1, 60),  # up to beyond the capacity, so bursts drain the bucket
     st.booleans(),
     st.one_of(st.none(), st.none(), st.floats(0, 2)),
     st.one_of(st.none(), st.none(), st.none(), st.floats(0, 2)),
@@ -89,7 +90,7 @@ def simulate(workers: list[list[Burst]], folder: Path | None) -> tuple[list[floa
     workers=st.lists(st.lists(bursts, min_size=1, max_size=25), min_size=1, max_size=3),
     per_worker=st.booleans(),
 )
-def test_no_window_holds_more_than_10_plus_4t_starts(
+def test_no_window_holds_more_than_40_plus_4t_starts(
     tmp_path_factory: pytest.TempPathFactory, workers: list[list[Burst]], per_worker: bool
 ) -> None:
     """Checklist 43: random bursts, gaps, cancellations and 429s from up to three workers (own
@@ -103,7 +104,7 @@ def test_no_window_holds_more_than_10_plus_4t_starts(
 def test_saturated_workers_get_the_whole_budget_and_no_more(tmp_path: Path) -> None:
     """Three heartbeat-like workers (bursts of 5, gaps of 200-600 ms, a poll each cycle) ask
     for far more than 4/s (7.5 minutes of starts): every window holds the bound, yet the busiest
-    minute gets about 250."""
+    minute gets about 280."""
     rng = random.Random(43)
     plans: list[list[Burst]] = []
     for _ in range(3):
@@ -116,6 +117,6 @@ def test_saturated_workers_get_the_whole_budget_and_no_more(tmp_path: Path) -> N
 
     assert returned == len(starts) == 3 * 100 * 6
     assert_window_bound(starts)
-    assert max_in_window(starts, 60) >= 245  # the bucket is not stingy either
+    assert max_in_window(starts, 60) >= 275  # the bucket is not stingy either
     gaps = [b - a for a, b in pairwise(starts)]
     assert all(gap >= 0 for gap in gaps)  # granted in clock order
