@@ -1,7 +1,8 @@
 """Deadlines spent in the rate-limit queue (issue 21, item 1): a request that never left the
 pacer's queue created nothing, so its call fails with the queue error (not "outcome unknown"),
 the lease stays usable, and an acquire storm leaves no sandbox billing once the worker's own
-background search has settled. Real emulator, real default pacing (250 ms, burst 10)."""
+background search has settled. Real emulator, real default pacing (250 ms, burst
+:data:`~provider.createos.pacer.CAPACITY`): each storm is larger than the burst."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
-from provider.createos.pacer import RequestPacer
+from provider.createos.pacer import CAPACITY, RequestPacer
 from provider.errors import ProviderError, RateLimitQueued
 from tests.driver.conftest import Harness
 
@@ -50,7 +51,13 @@ async def live_sandboxes(h: Harness) -> list[str]:
     return [s["id"] for s in state["sandboxes"] if s["status"] not in ("destroyed", "destroying")]
 
 
-async def test_forty_short_commands_at_default_pacing_poison_nothing(harness: Harness) -> None:
+STORM = CAPACITY + 40
+"""Commands at once: a burst's worth go out at once, the rest must wait in the queue."""
+
+
+async def test_a_storm_of_short_commands_at_default_pacing_poisons_nothing(
+    harness: Harness,
+) -> None:
     h = harness
     lease = await h.acquire(workspace=False)
     sandbox_id = lease["providerLeaseId"]
@@ -63,7 +70,7 @@ async def test_forty_short_commands_at_default_pacing_poison_nothing(harness: Ha
         return result
 
     with anyio.fail_after(120):
-        outcomes = await gather(40, echo)
+        outcomes = await gather(STORM, echo)
     ran = [o for o in outcomes if isinstance(o, dict)]
     queued = [o for o in outcomes if isinstance(o, RateLimitQueued)]
     others = [repr(o) for o in outcomes if not isinstance(o, dict | RateLimitQueued)]
