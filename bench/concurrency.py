@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
-import shutil
 import statistics
 import sys
 import time
@@ -37,21 +35,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
-import httpx
+from _agents import agent_stage
 from _common import save_result
-from heartbeat import NO_PAUSE
 
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
-from provider.devtools.agent_heartbeat import (
-    STUB_COMMAND,
-    STUB_HOST_COMMAND,
-    STUB_IMAGE,
-    AgentSite,
-    agent_server_env,
-    scratch_root,
-    stage_stub_image,
-)
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
+from provider.devtools.agent_heartbeat import AgentSite
+from provider.devtools.e2e_server import REPO_ROOT
 from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.windows import max_in_window
 
@@ -75,6 +64,7 @@ class Run:
     name: str
     agents: int
     beats: list[Beat]
+    started: float  # monotonic, after the wait for a full bucket
     span_s: float  # counted window: the last final status (at once) or --duration (back to back)
     requests: list[dict[str, Any]]
 
@@ -111,8 +101,8 @@ class Run:
         }
 
 
-class Stage:
-    """The server's company, its one createos environment and its agents, on one emulator."""
+class Runner:
+    """The runs: the company's agents on its one createos environment, on one emulator."""
 
     def __init__(self, site: AgentSite, emu: EmulatorProcess, env_id: str, agents: list[str]):
         self.site = site
@@ -130,7 +120,7 @@ class Stage:
         async def one(index: int) -> None:
             beats.append(await self.beat(index, self.agents[index]))
 
-        async def body() -> None:
+        async def body(_: float) -> None:
             async with anyio.create_task_group() as tg:
                 for index in range(count):
                     tg.start_soon(one, index)
@@ -139,20 +129,19 @@ class Stage:
 
     async def back_to_back(self, count: int, duration_s: float) -> Run:
         beats: list[Beat] = []
-        deadline = time.monotonic() + duration_s
 
-        async def loop(index: int) -> None:
+        async def loop(index: int, deadline: float) -> None:
             while time.monotonic() < deadline:
                 beats.append(await self.beat(index, self.agents[index]))
 
-        async def body() -> None:
+        async def body(started: float) -> None:
             async with anyio.create_task_group() as tg:
                 for index in range(count):
-                    tg.start_soon(loop, index)
+                    tg.start_soon(loop, index, started + duration_s)
 
         run = await self._measure(f"back-to-back-{count}", count, beats, body, duration_s)
         for b in run.beats:
-            b.late = b.ended > deadline
+            b.late = b.ended > run.started + duration_s
         return run
 
     async def _measure(
@@ -160,75 +149,47 @@ class Stage:
         name: str,
         count: int,
         beats: list[Beat],
-        body: Callable[[], Awaitable[None]],
+        body: Callable[[float], Awaitable[None]],
         window_s: float | None,
     ) -> Run:
         await anyio.sleep(CAPACITY * DEFAULT_INTERVAL + 0.05)  # every run starts on a full bucket
         seen = max([0, *(r["seq"] for r in await self.emu.admin.requests())])
         started = time.monotonic()
-        await body()
+        await body(started)
         span = window_s if window_s is not None else time.monotonic() - started
         await self.site.wait_released(self.env_id, timeout_s=RELEASE_TIMEOUT_S)
         requests = await self.emu.admin.requests(since=seen)
         beats.sort(key=lambda b: (b.agent, b.ended))
-        return Run(name, count, beats, span, requests)
-
-
-async def leftovers(emu: EmulatorProcess) -> list[str]:
-    """What the emulator still holds: sandboxes, live process trees, orphaned host processes."""
-    state = await emu.admin.state()
-    left = [f"sandbox {s['id']} ({s['status']})" for s in state["sandboxes"]]
-    left += [f"process {p['process_id']}" for p in state["processes"] if p["tree_alive"]]
-    left += [f"host pid {pid}" for pid in state["orphan_host_pids"]]
-    return left
+        return Run(name, count, beats, started, span, requests)
 
 
 async def run(counts: list[int], duration_s: float) -> dict[str, Any]:
-    root = scratch_root("bench-concurrency-")
-    key = f"bench-{secrets.token_hex(6)}"
     runs: list[Run] = []
-    try:
-        images = {STUB_IMAGE: stage_stub_image(root)}
-        async with EmulatorProcess(root / "emulator", key, images=images) as emu:
-            await emu.admin.settings(rate_limit=True)  # CreateOS's 300 per minute per key
-            env = agent_server_env(root)
-            async with PaperclipServer(root / "paperclip", secrets=[key], extra_env=env) as server:
-                await server.cli("plugin", "install", str(REPO_ROOT), "--json")
-                async with httpx.AsyncClient(base_url=server.api_base, timeout=60) as client:
-                    site = await AgentSite.create(server, client, "Concurrency Co")
-                    config = {"apiUrl": emu.base_url, "apiKey": key, "shape": "s-1vcpu-1gb"}
-                    env_id = await site.createos_environment(
-                        "shared", {**config, "rootfs": STUB_IMAGE}
-                    )
-                    local = await site.agent(
-                        "local", STUB_HOST_COMMAND, environment_id=None, env=NO_PAUSE
-                    )
-                    lone = await site.heartbeat(local, timeout_s=HEARTBEAT_TIMEOUT_S)
-                    print(f"local baseline: {lone.status} in {lone.wall_s:.2f} s", flush=True)
-                    agents = [
-                        await site.agent(
-                            f"agent-{n}", STUB_COMMAND, environment_id=env_id, env=NO_PAUSE
-                        )
-                        for n in range(max([*counts, BACK_TO_BACK_AGENTS]))
-                    ]
-                    stage = Stage(site, emu, env_id, agents)
-                    for count in counts:
-                        runs.append(await stage.at_once(count))
-                        print(json.dumps(runs[-1].as_dict(lone.wall_s)), flush=True)
-                    runs.append(await stage.back_to_back(BACK_TO_BACK_AGENTS, duration_s))
-                    print(json.dumps(runs[-1].as_dict(lone.wall_s)), flush=True)
-                    starts = [r["time"] for r in await emu.admin.requests()]
-            left = await leftovers(emu)  # the server has stopped: nothing of ours may remain
-        left += [f"host pid {pid} after the emulator stopped" for pid in emu.leftover_pids]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    async with agent_stage("bench-concurrency-", "Concurrency Co") as stage:
+        await stage.emu.admin.settings(rate_limit=True)  # CreateOS's 300 per minute
+        await stage.server.cli("plugin", "install", str(REPO_ROOT), "--json")
+        env_id = await stage.environment("shared")
+        local = await stage.local_agent("local")
+        lone = await stage.site.heartbeat(local, timeout_s=HEARTBEAT_TIMEOUT_S)
+        print(f"local baseline: {lone.status} in {lone.wall_s:.2f} s", flush=True)
+        agents = [
+            await stage.sandbox_agent(f"agent-{n}", env_id)
+            for n in range(max([*counts, BACK_TO_BACK_AGENTS]))
+        ]
+        runner = Runner(stage.site, stage.emu, env_id, agents)
+        for count in counts:
+            runs.append(await runner.at_once(count))
+            print(json.dumps(runs[-1].as_dict(lone.wall_s)), flush=True)
+        runs.append(await runner.back_to_back(BACK_TO_BACK_AGENTS, duration_s))
+        print(json.dumps(runs[-1].as_dict(lone.wall_s)), flush=True)
+        starts = [r["time"] for r in await stage.emu.admin.requests()]
     return {
         "settings": {"agents": counts, "duration_s": duration_s, "bridge": "file"},
         "local_wall_s": round(lone.wall_s, 2),
         "local_status": lone.status,
         "runs": [r.as_dict(lone.wall_s) for r in runs],
         "busiest_60s_window": max_in_window(starts, 60.0),
-        "left_in_emulator": left,
+        "left_in_emulator": stage.left,
     }
 
 
