@@ -26,7 +26,9 @@ log-tail ticks (classified from the commands the emulator ran), requests per exe
 ratio to local, and the agent's bridge round trip (one ``GET /api/agents/me`` from inside the
 sandbox, timed by the stub) with the bridge mode it saw; over the whole run, the busiest 60 s
 window of request starts the emulator saw (``busiest_60s_window``, from its request log's
-timestamps). Writes bench/results/heartbeat.json.
+timestamps), and what the emulator still held once the server stopped (``left_in_emulator``,
+nothing or exit status 1). The stage (server, emulator, company) is ``_agents.py``'s, shared
+with ``bench/concurrency.py``. Writes bench/results/heartbeat.json.
 
     .venv/bin/python bench/heartbeat.py [--rounds 2] [--back-to-back]
         [--variants local,sandbox,unpaced,streamed,duplex]
@@ -37,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import secrets
 import shutil
 import statistics
 import sys
@@ -47,26 +48,17 @@ from pathlib import Path
 from typing import Any, Final
 
 import anyio
-import httpx
+from _agents import agent_stage
 from _common import save_result
 
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
-from provider.devtools.agent_heartbeat import (
-    STUB_COMMAND,
-    STUB_HOST_COMMAND,
-    STUB_IMAGE,
-    AgentSite,
-    agent_server_env,
-    scratch_root,
-    stage_stub_image,
-)
+from provider.devtools.agent_heartbeat import AgentSite
 from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
 from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.windows import max_in_window
 
 VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed", "duplex")
 PACED: Final = ("sandbox", "streamed", "duplex")
-NO_PAUSE: Final = {"PAPERCLIP_STUB_PAUSE": "0"}  # a no-op agent: the stub does not sleep
 PLUGIN_KEY: Final = json.loads((REPO_ROOT / "manifest.json").read_text())["id"]
 LIFECYCLE: Final = re.compile(r"^/v1/sandboxes(/sb_[^/]+(/pause|/resume)?)?$")
 BENCH_SHIM: Final = """// bench entrypoint: worker environment from worker-env.json, then the shim
@@ -166,11 +158,10 @@ def classify(process: dict[str, Any]) -> str:
 
 
 class Bench:
-    def __init__(self, root: Path, server: PaperclipServer, emu: EmulatorProcess, key: str):
+    def __init__(self, root: Path, server: PaperclipServer, emu: EmulatorProcess):
         self.root = root
         self.server = server
         self.emu = emu
-        self.key = key
         self.package = make_package(root / "package")
         self.call_log = root / "calls.jsonl"
         self.pace: str | None = None
@@ -255,49 +246,27 @@ async def run_variant(
 
 
 async def run(rounds: int, variants: list[str], back_to_back: bool) -> dict[str, Any]:
-    root = scratch_root("bench-heartbeat-")
-    key = f"bench-{secrets.token_hex(6)}"
     results: list[Measured] = []
-    starts: list[float] = []
-    try:
-        images = {STUB_IMAGE: stage_stub_image(root)}
-        async with EmulatorProcess(root / "emulator", key, images=images) as emu:
-            env = agent_server_env(root)
-            async with PaperclipServer(root / "paperclip", secrets=[key], extra_env=env) as server:
-                bench = Bench(root, server, emu, key)
-                await server.cli("plugin", "install", str(bench.package), "--json")
-                async with httpx.AsyncClient(base_url=server.api_base, timeout=60) as client:
-                    site = await AgentSite.create(server, client, "Bench Co")
-                    base = {"apiUrl": emu.base_url, "apiKey": key, "shape": "s-1vcpu-1gb"}
-                    base["rootfs"] = STUB_IMAGE
-                    envs = {
-                        "sandbox": await site.createos_environment("paced", base),
-                        "streamed": await site.createos_environment(
-                            "streamed", {**base, "streamRunLogs": True}
-                        ),
-                    }
-                    envs["unpaced"] = envs["duplex"] = envs["sandbox"]
-                    agents = {
-                        "local": await site.agent(
-                            "local", STUB_HOST_COMMAND, environment_id=None, env=NO_PAUSE
-                        )
-                    }
-                    for variant in ("sandbox", "unpaced", "streamed", "duplex"):
-                        agents[variant] = await site.agent(
-                            variant, STUB_COMMAND, environment_id=envs[variant], env=NO_PAUSE
-                        )
-                    for n in range(rounds):
-                        for variant in variants:
-                            m = await run_variant(
-                                bench, site, agents, envs, variant, n, back_to_back
-                            )
-                            results.append(m)
-                            print(json.dumps(m.as_dict()), flush=True)
-                    starts = [r["time"] for r in await bench.emu.admin.requests()]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    async with agent_stage("bench-heartbeat-", "Bench Co") as stage:
+        bench = Bench(stage.root, stage.server, stage.emu)
+        await stage.server.cli("plugin", "install", str(bench.package), "--json")
+        envs = {
+            "sandbox": await stage.environment("paced"),
+            "streamed": await stage.environment("streamed", streamRunLogs=True),
+        }
+        envs["unpaced"] = envs["duplex"] = envs["sandbox"]
+        agents = {"local": await stage.local_agent("local")}
+        for variant in ("sandbox", "unpaced", "streamed", "duplex"):
+            agents[variant] = await stage.sandbox_agent(variant, envs[variant])
+        for n in range(rounds):
+            for variant in variants:
+                m = await run_variant(bench, stage.site, agents, envs, variant, n, back_to_back)
+                results.append(m)
+                print(json.dumps(m.as_dict()), flush=True)
+        starts = [r["time"] for r in await bench.emu.admin.requests()]
     summary = summarize(results)
     summary["busiest_60s_window"] = max_in_window(starts, 60.0)
+    summary["left_in_emulator"] = stage.left
     return summary
 
 
@@ -364,8 +333,10 @@ def main() -> None:
     for variant, entry in result["summary"].items():
         print(f"{variant:9} {json.dumps(entry)}")
     print(f"busiest 60 s window of request starts at the emulator: {result['busiest_60s_window']}")
+    print(f"left in the emulator: {', '.join(result['left_in_emulator']) or 'nothing'}")
     print(f"written to {save_result('heartbeat', result)}")
     ok = all(entry["all_succeeded"] for entry in result["summary"].values())
+    ok = ok and not result["left_in_emulator"]
     sys.exit(0 if ok else 1)
 
 
