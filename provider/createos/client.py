@@ -10,6 +10,7 @@
 - :mod:`provider.createos.sandboxes`: create, read, list, delete, pause, resume, patch, fork,
   egress, exec.
 - :mod:`provider.createos.processes`: managed processes, their stdin and the output stream.
+- :mod:`provider.createos.exec_stream`: the streaming exec (one request per command).
 - :mod:`provider.createos.files`: upload and download of one file.
 
 New resources get a module and a mixin of their own, added to the bases.
@@ -36,6 +37,7 @@ from provider.createos.core import (
     USER_AGENT,
     new_http_client,
 )
+from provider.createos.exec_stream import ExecStreamCalls
 from provider.createos.files import FileCalls
 from provider.createos.processes import MAX_INPUT_BYTES, ProcessCalls
 from provider.createos.retry import MAX_RETRY_AFTER
@@ -57,7 +59,7 @@ __all__ = [
 ]
 
 
-class CreateOSClient(SandboxCalls, ProcessCalls, FileCalls):
+class CreateOSClient(ExecStreamCalls, SandboxCalls, ProcessCalls, FileCalls):
     """Typed calls of the CreateOS API for one origin and key (see the module docstring).
 
     Construction, ``aclose`` and ``async with`` come from

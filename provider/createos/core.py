@@ -332,21 +332,31 @@ class ClientCore:
         params: Mapping[str, str | int] | None = None,
         limits: httpx.Timeout,
         retry_open: bool = False,
+        json: Any = None,
+        wire: Wire | None = None,
     ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """A streamed GET. With ``retry_open``, opening it (up to the response head) is retried
-        like any idempotent request; a body cut once it has started is never retried here."""
+        """A streamed GET, or with ``json`` a streamed POST of that body. With ``retry_open``, a
+        GET's opening (up to the response head) is retried like any idempotent request; a POST
+        is retried only on 429 and 503, like any POST. A body cut once it has started is never
+        retried here. ``wire`` says whether the request was sent (:mod:`provider.createos.wire`)."""
+        method = "GET" if json is None else "POST"
 
         def send() -> Awaitable[httpx.Response]:
             request = self._http.build_request(
-                "GET", url, params=params, headers={"Accept": accept}, timeout=limits
+                method, url, params=params, json=json, headers={"Accept": accept}, timeout=limits
             )
             return self._http.send(request, stream=True)
 
+        if method == "POST":
+            retry_on = POST_RETRY
+        else:
+            retry_on = IDEMPOTENT_RETRY if retry_open else frozenset()
         response = await self._attempts(
             send,
             operation=operation,
-            retry_on=IDEMPOTENT_RETRY if retry_open else frozenset(),
-            retry_transport=retry_open,
+            retry_on=retry_on,
+            retry_transport=retry_open and method == "GET",
+            wire=wire,
         )
         try:
             body = _Body(response, operation)

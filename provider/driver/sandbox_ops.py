@@ -11,18 +11,22 @@ release, and capture in 8.3): every process tree still alive is killed and confi
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Final, Literal
 
 import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import Conflict, NotFound
 from provider.createos.models import SANDBOX_STATES
+from provider.driver.command_script import EVERY_COMMAND, kill_confirmed, kill_script
 from provider.errors import ProviderError
 
 POLL_INTERVAL = 0.25
 TRANSITIONAL = frozenset({"creating", "pausing", "resuming", "forking"})
 KILL_GRACE_MS = 1000
+COMMAND_PREFIX: Final = "cmd:"
+"""How a streamed command's token is journaled among process ids."""
 
 
 class SandboxStateError(ProviderError):
@@ -90,7 +94,10 @@ async def delete_sandbox_confirmed(client: CreateOSClient, sandbox_id: str) -> N
 async def kill_tree(client: CreateOSClient, sandbox_id: str, process_id: str) -> bool:
     """``DELETE ?grace_ms=1000`` of one process tree: True once CreateOS confirms the tree gone
     (``tree_exited: true``, or 404: the process or its sandbox is gone), False when that could
-    not be confirmed (any other failure)."""
+    not be confirmed (any other failure). A journaled streamed command (``cmd:<token>``) is
+    killed by its token instead (:func:`kill_command`)."""
+    if process_id.startswith(COMMAND_PREFIX):
+        return await kill_command(client, sandbox_id, process_id.removeprefix(COMMAND_PREFIX))
     try:
         view = await client.delete_process(sandbox_id, process_id, grace_ms=KILL_GRACE_MS)
     except NotFound:
@@ -100,10 +107,31 @@ async def kill_tree(client: CreateOSClient, sandbox_id: str, process_id: str) ->
     return view.tree_exited
 
 
+async def kill_command(
+    client: CreateOSClient, sandbox_id: str, token: str, *, remove: Sequence[str] = ()
+) -> bool:
+    """One buffered exec of :func:`~provider.driver.command_script.kill_script`: True once it
+    reports that nothing carrying ``token`` is left (or the sandbox is gone: 404), False when
+    that could not be confirmed. ``token`` ``"*"`` means every streamed command's tree."""
+    try:
+        result = await client.exec(
+            sandbox_id, "/bin/bash", ["-c", kill_script(token, remove=remove)]
+        )
+    except NotFound:
+        return True
+    except ProviderError:
+        return False
+    return result.exit_code == 0 and kill_confirmed(result.stdout)
+
+
 async def stop_every_tree(client: CreateOSClient, sandbox_id: str) -> bool:
     """Kill every listed process whose tree is alive (``DELETE ?grace_ms=1000``, 2.10.4): True
     once each answered ``tree_exited: true`` (or 404); False at the first kill that could not
-    be confirmed (the caller decides what that poisons). Failures of the listing propagate."""
+    be confirmed (the caller decides what that poisons). Failures of the listing propagate.
+    Streamed commands' trees (background children of finished commands included) go first, by
+    one kill of every token."""
+    if not await kill_command(client, sandbox_id, EVERY_COMMAND):
+        return False
     for view in await client.list_processes(sandbox_id):
         if not view.tree_exited and not await kill_tree(client, sandbox_id, view.process_id):
             return False
