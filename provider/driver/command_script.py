@@ -14,9 +14,9 @@ which the API itself does not track. The wrapper (:func:`stream_wrapper`):
 - enforces the timeout with its own clock: it kills the tree (:data:`KILL_FUNCTIONS`) and says so;
 - ends with a marker line, ``\\x1epaperclip-end-<nonce>:<status>``, on stdout and on stderr, at the
   leader's exit (the marker is assembled at run time, never spelled out in the script's text,
-  which a command can print from ``/proc/*/cmdline``), whatever background children still hold the stream. Each pipe keeps its order,
-  so everything the leader wrote precedes its marker; the worker stops reading at the two markers
-  and strips them (:mod:`provider.driver.stream_end`). ``<status>`` is ``exit=N``, ``signal=N``,
+  which a command can print from ``/proc/*/cmdline``), whatever background children still hold
+  the stream. Each pipe keeps its order, so everything the leader wrote precedes its marker; the
+  worker stops reading at the two markers and strips them (:mod:`provider.driver.stream_end`). ``<status>`` is ``exit=N``, ``signal=N``,
   ``timeout`` (``timeout=N`` when its kill left N processes), ``cancelled`` or ``lost`` (the
   leader's status could not be read).
 
