@@ -16,9 +16,9 @@ which the API itself does not track. The wrapper (:func:`stream_wrapper`):
   leader's exit (the marker is assembled at run time, never spelled out in the script's text,
   which a command can print from ``/proc/*/cmdline``), whatever background children still hold
   the stream. Each pipe keeps its order, so everything the leader wrote precedes its marker; the
-  worker stops reading at the two markers and strips them (:mod:`provider.driver.stream_end`). ``<status>`` is ``exit=N``, ``signal=N``,
-  ``timeout`` (``timeout=N`` when its kill left N processes), ``cancelled`` or ``lost`` (the
-  leader's status could not be read).
+  worker stops reading at the two markers and strips them (:mod:`provider.driver.stream_end`).
+  ``<status>`` is ``exit=N``, ``signal=N``, ``timeout`` (``timeout=N`` when its kill left N
+  processes), ``cancelled`` or ``lost`` (the leader's status could not be read).
 
 The kill (:func:`kill_script`, and the wrapper's timeout) sends SIGTERM to every process that
 carries the token or is in the process group of one that does, when that group's leader carries
