@@ -40,7 +40,7 @@ async def requests_since(h: Harness, lease: dict[str, Any], seen: int) -> list[t
 
 
 async def last_seq(h: Harness) -> int:
-    return max([0, *(r["seq"] for r in await h.emulator.admin.requests())])
+    return int(max([0, *(r["seq"] for r in await h.emulator.admin.requests())]))
 
 
 async def sandbox_shell(h: Harness, lease: dict[str, Any], script: str) -> str:
