@@ -20,7 +20,7 @@ import pytest
 
 from provider.emulator import Emulator
 
-from .helpers import api, create_sandbox, sh
+from .helpers import api, create_sandbox, data, sh
 
 pytestmark = pytest.mark.anyio
 
@@ -107,6 +107,21 @@ async def test_setsid_and_double_forked_children_keep_the_token_and_die_by_it(
         # Every holder of the stream's stdout is gone: the stream ends, with the leader's fate.
         frames = [json.loads(line) async for line in lines if line]
     assert frames[-1] == {"exit_code": 137}
+
+
+async def test_a_managed_processs_token_is_seen_and_killed_from_an_exec(
+    box: tuple[httpx.AsyncClient, str],
+) -> None:
+    client, sandbox_id = box
+    token = secrets.token_hex(16)
+    body = tokened(token, "( setsid sleep 300 & ) ; exec sleep 300")
+    created = await client.post(f"/v1/sandboxes/{sandbox_id}/processes", json=body)
+    process_id = data(created)["process_id"]
+    assert len(await wait_token_pids(client, sandbox_id, token, 2)) == 2
+    await kill_and_confirm(client, sandbox_id, token)
+    url = f"/v1/sandboxes/{sandbox_id}/processes/{process_id}/wait"
+    ended = data(await client.get(url, params={"scope": "tree"}))
+    assert (ended["signal"], ended["tree_exited"]) == ("SIGKILL", True)
 
 
 @pytest.mark.parametrize(("end", "status"), [("exit 7", 7 << 8), ("kill -TERM $$", 15)])
