@@ -19,7 +19,6 @@ import time
 
 import anyio
 import httpx
-
 from _common import API_KEY, SHAPE, emulator_process
 
 BODY = {"cmd": "/bin/true"}
