@@ -145,7 +145,9 @@ async def test_a_zombie_childs_wait_status_is_in_stat_field_52_until_its_parent_
         assert (await sh(client, sandbox_id, gone))["stdout"] == "reaped\n"
 
 
-FAULTS = [  # (action, performed): a performed request's command runs on after the stream
+FAULTS: list[
+    tuple[dict[str, Any], bool]
+] = [  # (action, performed): a performed request's command runs on after the stream
     ({"cut_after_frames": 1}, True),
     ({"cut_after_bytes": 5}, True),
     ({"lose_response": True}, True),
