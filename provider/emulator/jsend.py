@@ -39,6 +39,11 @@ def default_for(status: int) -> Response:
     return fail(status, {"fault": "injected failure"})
 
 
+def no_such_route() -> ApiError:
+    """A path no route serves (also a streamed exec on an "older server", see settings)."""
+    return ApiError(404, {"path": "no such route"})
+
+
 class ApiError(Exception):
     """Raised by handlers to answer a fail/error envelope."""
 

@@ -86,11 +86,11 @@ async def await_finish(watch: ChildWatch, pumps: list[Pump], drain_s: float | No
         for pump in pumps:
             await pump.closed.wait()
         return watch.exit or ExitInfo(signal="SIGKILL")
-    deadline = anyio.current_time() + drain_s
-    delay = 0.001
-    while not all(p.eof for p in pumps):
-        if anyio.current_time() >= deadline and all(p.idle_and_empty() for p in pumps):
-            break
+    with anyio.move_on_after(drain_s):  # the usual end: every pipe's EOF, no polling
+        for pump in pumps:
+            await pump.closed.wait()
+    delay = 0.001  # past the window, a background child holds a pipe: until both are quiet
+    while not all(p.eof for p in pumps) and not all(p.idle_and_empty() for p in pumps):
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.01)
     return watch.exit or ExitInfo(signal="SIGKILL")

@@ -26,11 +26,15 @@ MAX_AUTO_PAUSE = 86_400
 MAX_BODY = 1 << 20
 
 
-async def json_body(ctx: Ctx, *, required: bool = True) -> dict[str, Any]:
-    """The request's JSON object (an empty body is ``{}`` unless ``required``)."""
-    raw = await ctx.req.read_body(MAX_BODY)
+async def json_body(ctx: Ctx, *, required: bool = True, limit: int = MAX_BODY) -> dict[str, Any]:
+    """The request's JSON object (an empty body is ``{}`` unless ``required``); a body over
+    ``limit`` bytes is a 413."""
+    too_large = ApiError(413, {"body": f"request body exceeds {limit} bytes"})
+    if ctx.req.content_length is not None and ctx.req.content_length > limit:
+        raise too_large
+    raw = await ctx.req.read_body(limit)
     if raw is None:
-        raise ApiError(413, {"body": "request body too large"})
+        raise too_large
     if not raw.strip():
         if required:
             raise bad_request("body", "a JSON object is required")

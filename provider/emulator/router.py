@@ -14,7 +14,7 @@ from .core import EmulatorCore, Fault
 from .guest import GuestGone
 from .http_messages import Request, Response
 from .ids import request_id
-from .jsend import ApiError, default_for, error, fail, json_response
+from .jsend import ApiError, default_for, error, fail, json_response, no_such_route
 
 log = logging.getLogger("provider.emulator")
 
@@ -155,7 +155,7 @@ class Router:
         if found is None:
             if path_known:
                 return fail(405, {"method": f"{req.method} not allowed on this path"})
-            return fail(404, {"path": "no such route"})
+            return no_such_route().response()
         if not found.public and owner is None:
             return fail(401, {"auth": "missing or invalid API key"})
         ctx = Ctx(self.core, req, owner or "", match, fault)

@@ -1,21 +1,18 @@
-"""One-shot exec (buffered and NDJSON stream) and the files API (PUT / GET by absolute path)."""
+"""One-shot exec (buffered, or streamed by ``exec_stream.py``) and the files API (PUT / GET by
+absolute path)."""
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import json
 import os
-import signal
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .guest import ExitInfo, GuestGone, GuestOpError
+from .exec_stream import exit_code_of, ndjson_lines, stream_exec
+from .guest import GuestGone, GuestOpError
 from .http_messages import FileBody, Response
-from .jsend import ApiError, bad_request, conflict, ok
+from .jsend import ApiError, bad_request, conflict, no_such_route, ok
 from .processes import run_exec
 from .route_inputs import json_body, require_running, sandbox_of
 from .router import Ctx, Route, route
@@ -50,43 +47,42 @@ def command_fields(body: dict[str, Any], *, default_cmd: str | None) -> tuple[st
     return cmd, args
 
 
-def exit_code_of(info: ExitInfo) -> int:
-    if info.signal is not None:
-        return 128 + int(signal.Signals[info.signal])
-    return info.code if info.code is not None else -1
-
-
 def _guest_gone() -> ApiError:
     return conflict("sandbox is no longer running")
 
 
 # -- exec ---------------------------------------------------------------------------------
 async def exec_command(ctx: Ctx) -> Response:
+    settings = ctx.core.settings
+    streaming = ctx.req.params.get("stream", "").lower() in ("1", "true")
+    if streaming and not settings.exec_stream:
+        raise no_such_route()  # an older server: the streamed exec is an unknown route
     sandbox = sandbox_of(ctx)
-    body = await json_body(ctx)
+    body = await json_body(ctx, limit=settings.max_exec_body_bytes)
+    streaming = streaming or body.get("stream") is True
+    if streaming and not settings.exec_stream:
+        raise no_such_route()
     require_running(sandbox)
     cmd, args = command_fields(body, default_cmd=None)
     stdin = body.get("stdin")
     if stdin is not None and not isinstance(stdin, str):
         raise bad_request("stdin", "stdin must be a string")
     env = call_env(sandbox, body.get("env"))
-    streaming = (
-        ctx.req.params.get("stream", "").lower() in ("1", "true") or body.get("stream") is True
-    )
     sandbox.touch()
     started = anyio.current_time()
     try:
-        pid, fds, watch = await sandbox.spawn(cmd, args, env, HOME)
+        _pid, fds, watch = await sandbox.spawn(cmd, args, env, HOME)
     except GuestOpError as exc:
         if streaming:
-            return _ndjson_lines([{"error": exc.message}, {"exit_code": -1}])
+            return ndjson_lines([{"error": exc.message}, {"exit_code": -1}])
         result = {"stdout": "", "stderr": "", "exit_code": -1, "error": exc.message}
         return ok({"result": result, "exec_ms": _ms(started)})
     except GuestGone as exc:
         raise _guest_gone() from exc
     payload = (stdin or "").encode()
     if streaming:
-        return _stream_exec(ctx, sandbox, fds, watch, payload)
+        cut = ctx.fault.cut_after_frames if ctx.fault is not None else None
+        return stream_exec(sandbox, fds, watch, payload, settings, cut)
     buffers: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
 
     async def collect(stream: str, data: bytes) -> None:
@@ -95,79 +91,17 @@ async def exec_command(ctx: Ctx) -> Response:
             buf += data[: EXEC_OUTPUT_CAP - len(buf)]
 
     assert sandbox.guest is not None
-    info = await run_exec(sandbox.guest, fds, watch, payload, ctx.core.settings, collect)
+    info = await run_exec(sandbox.guest, fds, watch, payload, settings, collect)
     result = {
         "stdout": buffers["stdout"].decode("utf-8", "replace"),
         "stderr": buffers["stderr"].decode("utf-8", "replace"),
         "exit_code": exit_code_of(info),
     }
-    _ = pid
     return ok({"result": result, "exec_ms": _ms(started)})
 
 
 def _ms(started: float) -> float:
     return round((anyio.current_time() - started) * 1000, 1)
-
-
-def _ndjson_lines(lines: list[dict[str, Any]]) -> Response:
-    async def body() -> AsyncIterator[list[bytes]]:
-        for line in lines:
-            yield [json.dumps(line).encode() + b"\n"]
-
-    return Response(200, content_type="application/x-ndjson", stream=body())
-
-
-def _stream_exec(
-    ctx: Ctx, sandbox: Sandbox, fds: list[int], watch: Any, payload: bytes
-) -> Response:
-    send, receive = anyio.create_memory_object_stream[dict[str, Any]](64)
-    decoders = {
-        name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")
-    }
-
-    async def produce(out: MemoryObjectSendStream[dict[str, Any]]) -> None:
-        async def forward(stream: str, data: bytes) -> None:
-            text = decoders[stream].decode(data)
-            if text:
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await out.send({stream: text})
-
-        async with out:
-            assert sandbox.guest is not None
-            info = await run_exec(
-                sandbox.guest, fds, watch, payload, ctx.core.settings, forward, until_eof=True
-            )
-            for name, decoder in decoders.items():
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        await out.send({name: tail})
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await out.send({"exit_code": exit_code_of(info)})
-
-    sandbox.start_soon(lambda: produce(send))
-    heartbeat = ctx.core.settings.heartbeat_ms / 1000
-    return Response(200, content_type="application/x-ndjson", stream=_relay(receive, heartbeat))
-
-
-async def _relay(
-    receive: MemoryObjectReceiveStream[dict[str, Any]], heartbeat: float
-) -> AsyncIterator[list[bytes]]:
-    async with receive:
-        while True:
-            item: dict[str, Any] | None = None
-            ended = False
-            with anyio.move_on_after(heartbeat):
-                try:
-                    item = await receive.receive()
-                except anyio.EndOfStream:
-                    ended = True
-            if ended:
-                return
-            if item is None:
-                yield [b'{"hb":true}\n']
-                continue
-            yield [json.dumps(item).encode() + b"\n"]
 
 
 # -- files --------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ class Settings:
     backpressure_ms: int = 10_000  # how long a slow attached reader may hold back a producer
     exit_drain_ms: int = 100  # after the leader exits, wait this long for pipes to reach EOF
     no_credit: bool = False  # answer 402 to create, resume and fork
+    exec_stream: bool = True  # false: an "older server", /exec?stream=true answers 404
+    max_exec_body_bytes: int = 4 << 20  # the largest exec JSON body accepted (else 413)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -72,7 +74,11 @@ class Settings:
                 ok = isinstance(value, str) and bool(value)
             if name == "create_mode" and value not in CREATE_MODES:
                 ok = False
-            if name in ("journal_bytes", "rate_limit_per_minute") and ok and value < 1:
+            if (
+                name in ("journal_bytes", "rate_limit_per_minute", "max_exec_body_bytes")
+                and ok
+                and value < 1
+            ):
                 ok = False
             if not ok:
                 errors[name] = f"invalid value for {name}"

@@ -108,3 +108,17 @@ async def test_exec_stream_spawn_failure(emulator: Emulator) -> None:
         )
         lines = [json.loads(x) for x in response.text.splitlines()]
         assert "error" in lines[0] and lines[-1] == {"exit_code": -1}
+
+
+async def test_buffered_exec_returns_though_a_background_child_holds_stdout(
+    emulator: Emulator,
+) -> None:
+    # The drain window ends the call once the held pipes stay quiet; the child lives on.
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        url = f"/v1/sandboxes/{sandbox_id}/exec"
+        script = "sleep 300 & echo $! > /tmp/child; echo hi; exit 3"
+        response = await client.post(url, json={"cmd": "/bin/bash", "args": ["-c", script]})
+        assert data(response)["result"] == {"stdout": "hi\n", "stderr": "", "exit_code": 3}
+        alive = {"cmd": "/bin/bash", "args": ["-c", "kill -0 $(cat /tmp/child) && echo alive"]}
+        assert data(await client.post(url, json=alive))["result"]["stdout"] == "alive\n"

@@ -152,3 +152,19 @@ async def test_a_client_hanging_up_does_not_kill_the_command(box: Box) -> None:
     wait = "timeout 10 bash -c 'until [ -e /tmp/survived ]; do sleep 0.02; done'"
     result = await sh(client, sandbox_id, f"touch /tmp/go && {wait} && cat /tmp/survived")
     assert result["stdout"] == "survived\n"
+
+
+async def test_after_a_hang_up_later_output_is_drained_not_blocking_nor_killing(box: Box) -> None:
+    # After the client is gone the command writes 8 MiB to each of stdout and stderr (far
+    # more than the pipes hold): a writer left blocking would never write its file, a closed
+    # pipe would kill it by SIGPIPE before it does.
+    client, sandbox_id = box
+    flood = "head -c 8M /dev/zero | tr '\\0' x"
+    script = (
+        f"set -o pipefail; echo started; {WAIT_GATE}; {flood} && {flood} >&2 && touch /tmp/done"
+    )
+    async with streamed(client, sandbox_id, script) as frames:
+        assert await frames.next() == {"stdout": "started\n"}
+    wait = "timeout 10 bash -c 'until [ -e /tmp/done ]; do sleep 0.02; done'"
+    result = await sh(client, sandbox_id, f"touch /tmp/go && {wait}")
+    assert result["exit_code"] == 0
