@@ -250,6 +250,7 @@ class DriverService:
                         on_output=relay.put,
                         cleanup_timeout=host_bound(call.timeout, timeout, since=call.received),
                         record=JournaledProcesses(self.runtime.journal, scope),
+                        log=self.log,
                     )
                 except Exception as exc:
                     failure = exc

@@ -272,6 +272,7 @@ class SyncSession:
             on_output=None,
             cleanup_timeout=self.cleanup_timeout,
             record=self.record,
+            log=self.log,
         )
 
     async def journal_scratch(self, path: str) -> None:
