@@ -35,6 +35,7 @@ from provider.driver.service import DriverService
 from provider.driver.tracker import ScopeKey
 from provider.errors import RequestRefused
 from tests.driver.conftest import SHAPE, Harness, unpaced_client
+from tests.driver.stream_helpers import token_carriers
 
 pytestmark = pytest.mark.anyio
 
@@ -267,6 +268,40 @@ async def test_next_call_kills_a_crashed_workers_process_tree(harness: Harness) 
     assert fresh.runtime.journal.orphan_processes(h.emulator.base_url, lease_scope.key_hash) == []
     deletes = [r for r in await h.emulator.admin.requests() if r["method"] == "DELETE"]
     assert any(view.process_id in r["path"] for r in deletes)
+
+
+async def test_next_call_kills_a_crashed_workers_streamed_command_by_its_token(
+    harness: Harness,
+) -> None:
+    h = harness
+    lease = await h.acquire()
+    sandbox_id = lease["providerLeaseId"]
+    token = uuid.uuid4().hex
+    script = "(sleep 300 &); setsid sleep 301 & sleep 302"
+    argv = [f"PAPERCLIP_CMD={token}", "/bin/bash", "-c", script]
+    # The crashed worker's exec: started, its stream dropped (which kills nothing).
+    async with (
+        CreateOSClient(h.emulator.base_url, "test-key") as client,
+        client.exec_stream(sandbox_id, "/usr/bin/env", argv),
+    ):
+        pass
+    with anyio.fail_after(10):
+        while len(await token_carriers(h, lease)) < 4:
+            await anyio.sleep(0.05)
+    lease_scope = ScopeKey.build(
+        company_id=h.company_id,
+        environment_id=h.environment_id,
+        api_url=h.emulator.base_url,
+        api_key="test-key",
+        lease_id=sandbox_id,
+    )
+    assert h.methods.runtime.journal.path is not None
+    crashed_writer(h.methods.runtime.journal.path).add_process(lease_scope, f"cmd:{token}")
+    fresh = restarted(h)
+    result = await fresh.execute({**h.with_lease(lease), "command": "echo", "args": ["ok"]})
+    assert result["stdout"] == "ok\n"
+    assert await token_carriers(h, lease) == []
+    assert fresh.runtime.journal.orphan_processes(h.emulator.base_url, lease_scope.key_hash) == []
 
 
 ZOMBIE_WRITER = """
