@@ -1,17 +1,20 @@
-"""What duplex channels cost on the wire, request by request, against the
+"""What duplex channels and login terminals cost on the wire, request by request, against the
 emulator (issue 22, item 5): an open is the process create and its output stream's connect (no
-start gate: the journal replays from ``after=0``), a write one ``/input``, a stop one DELETE, a
-channel's close a ``stdin/close`` and that DELETE."""
+start gate: the journal replays from ``after=0``; a login makes its session home in its own
+script), a write one ``/input``, a stop one DELETE, a channel's close a ``stdin/close`` and that
+DELETE."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 
 from provider.errors import ProviderError
 from tests.driver.conftest import Harness
 from tests.driver.session_helpers import (
+    answered,
     channel_bytes,
     notes,
     open_channel,
@@ -19,9 +22,11 @@ from tests.driver.session_helpers import (
     until,
     write,
 )
+from tests.driver.test_login import home, install_fake, output
 
 pytestmark = pytest.mark.anyio
 ROUTE = "duplex-route-1"
+LOGIN_ROUTE = "7d1f3c9e-0000-4000-8000-0000000000aa"
 
 
 async def calls_since(h: Harness, before: int) -> list[tuple[str, str]]:
@@ -102,3 +107,50 @@ async def test_a_child_that_fills_the_journal_before_the_attach_fails_the_open_a
         await h.methods.channels.open(open_params(h, lease, ROUTE, command=["bash", "-c", script]))
     assert await h.emulator.admin.live_process_count() == 0
     assert not notes(h, "duplexChannel.exit", ROUTE)
+
+
+async def open_login(h: Harness, lease: dict[str, Any], session_home: str) -> str:
+    reply = await h.methods.login.open(
+        open_params(h, lease, LOGIN_ROUTE, loginCommandKey="codex", sessionHome=session_home)
+    )
+    return str((await answered(reply))["workerSessionId"])
+
+
+async def test_a_login_opens_in_two_requests_and_its_home_is_made_by_its_own_script(
+    harness: Harness,
+) -> None:
+    h = harness
+    lease = await h.acquire(workspace=False)
+    await install_fake(h, lease)
+    session_home = home()
+    before = await h.request_count()
+    await open_login(h, lease, session_home)
+    await until(lambda: bool(notes(h, "loginPty.exit", LOGIN_ROUTE)))
+    assert await calls_since(h, before) == [("POST", "processes"), ("GET", "connect")]
+    assert f"home={session_home}" in output(h, LOGIN_ROUTE)
+    made = await h.methods.execute(
+        {**h.with_lease(lease), "command": "stat", "args": ["-c", "%a %F", session_home]}
+    )
+    assert made["stdout"].strip() == "700 directory"
+
+
+async def test_a_session_home_that_cannot_be_made_is_shown_and_exits_125_before_the_cli(
+    harness: Harness,
+) -> None:
+    """The home's parent is a file: mkdir fails, the terminal says so, the CLI never runs."""
+    h = harness
+    lease = await h.acquire(workspace=False)
+    await install_fake(h, lease)
+    blocked = await h.methods.execute(
+        {**h.with_lease(lease), "command": "touch", "args": ["/tmp/paperclip-adapter-login"]}
+    )
+    assert blocked["exitCode"] == 0
+    session_home = home()
+    session = await open_login(h, lease, session_home)
+    await until(lambda: bool(notes(h, "loginPty.exit", LOGIN_ROUTE)))
+    assert notes(h, "loginPty.exit", LOGIN_ROUTE) == [
+        {"hostRouteId": LOGIN_ROUTE, "workerSessionId": session, "exitCode": 125}
+    ]
+    text = output(h, LOGIN_ROUTE)
+    assert f"Creating the login's session home {session_home} failed." in text
+    assert "home=" not in text  # the fake CLI never started
