@@ -130,10 +130,12 @@ async def test_close_closes_stdin_stops_the_child_and_answers_the_pair(harness: 
     assert await h.methods.channels.close({"hostRouteId": ROUTE}) == answer
     other = await open_channel(h, lease, ["true"], route="duplex-route-2")
     await until(lambda: bool(notes(h, "duplexChannel.exit", "duplex-route-2")))
+    count = await h.request_count()
     assert await h.methods.channels.close({"hostRouteId": "duplex-route-2"}) == {
         "hostRouteId": "duplex-route-2",
         "workerSessionId": other,
     }
+    assert await h.request_count() == count  # nothing left to close or kill
     assert await h.methods.channels.close({"hostRouteId": "duplex-route-77"}) == {
         "hostRouteId": "duplex-route-77"
     }

@@ -80,8 +80,15 @@ async def test_codex_login_runs_in_a_120x30_terminal_with_the_session_home(
     await install_fake(h, lease)
     session_home = home()
     before = len(await h.emulator.admin.process_history())
+    count = await h.request_count()
     session = await open_login(h, lease, session_home=session_home)
     await until(lambda: bool(notes(h, "loginPty.exit", ROUTE)))
+    # the open is the create and the connect: the home is made by the login's own script
+    opened = [
+        (r["method"], r["path"].rsplit("/", 1)[-1])
+        for r in (await h.emulator.admin.requests())[count:]
+    ]
+    assert opened == [("POST", "processes"), ("GET", "connect")]
     text = output(h).replace("\r", "")
     assert (
         f"home={session_home} codex_home={session_home} term=xterm-256color "

@@ -7,14 +7,12 @@ DELETE."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import pytest
 
 from provider.errors import ProviderError
 from tests.driver.conftest import Harness
 from tests.driver.session_helpers import (
-    answered,
     channel_bytes,
     notes,
     open_channel,
@@ -22,7 +20,7 @@ from tests.driver.session_helpers import (
     until,
     write,
 )
-from tests.driver.test_login import home, install_fake, output
+from tests.driver.test_login import home, install_fake, open_login, output
 
 pytestmark = pytest.mark.anyio
 ROUTE = "duplex-route-1"
@@ -64,20 +62,6 @@ async def test_a_channel_opens_in_two_requests_writes_in_one_and_closes_in_two(
     assert await h.emulator.admin.live_process_count() == 0
 
 
-async def test_a_channel_that_ended_on_its_own_closes_without_a_request(
-    harness: Harness,
-) -> None:
-    h = harness
-    lease = await h.acquire()
-    session = await open_channel(h, lease, ["bash", "-c", "exit 3"])
-    await until(lambda: bool(notes(h, "duplexChannel.exit", ROUTE)))
-    before = await h.request_count()
-    answer = await h.methods.channels.close({"hostRouteId": ROUTE})
-    assert answer == {"hostRouteId": ROUTE, "workerSessionId": session}
-    assert await calls_since(h, before) == []
-    assert notes(h, "duplexChannel.exit", ROUTE)[0]["exitCode"] == 3
-
-
 async def test_what_a_channel_prints_before_its_stream_is_attached_is_replayed_exactly(
     harness: Harness,
 ) -> None:
@@ -109,31 +93,6 @@ async def test_a_child_that_fills_the_journal_before_the_attach_fails_the_open_a
     assert not notes(h, "duplexChannel.exit", ROUTE)
 
 
-async def open_login(h: Harness, lease: dict[str, Any], session_home: str) -> str:
-    reply = await h.methods.login.open(
-        open_params(h, lease, LOGIN_ROUTE, loginCommandKey="codex", sessionHome=session_home)
-    )
-    return str((await answered(reply))["workerSessionId"])
-
-
-async def test_a_login_opens_in_two_requests_and_its_home_is_made_by_its_own_script(
-    harness: Harness,
-) -> None:
-    h = harness
-    lease = await h.acquire(workspace=False)
-    await install_fake(h, lease)
-    session_home = home()
-    before = await h.request_count()
-    await open_login(h, lease, session_home)
-    await until(lambda: bool(notes(h, "loginPty.exit", LOGIN_ROUTE)))
-    assert await calls_since(h, before) == [("POST", "processes"), ("GET", "connect")]
-    assert f"home={session_home}" in output(h, LOGIN_ROUTE)
-    made = await h.methods.execute(
-        {**h.with_lease(lease), "command": "stat", "args": ["-c", "%a %F", session_home]}
-    )
-    assert made["stdout"].strip() == "700 directory"
-
-
 async def test_a_session_home_that_cannot_be_made_is_shown_and_exits_125_before_the_cli(
     harness: Harness,
 ) -> None:
@@ -146,7 +105,7 @@ async def test_a_session_home_that_cannot_be_made_is_shown_and_exits_125_before_
     )
     assert blocked["exitCode"] == 0
     session_home = home()
-    session = await open_login(h, lease, session_home)
+    session = await open_login(h, lease, session_home=session_home, route=LOGIN_ROUTE)
     await until(lambda: bool(notes(h, "loginPty.exit", LOGIN_ROUTE)))
     assert notes(h, "loginPty.exit", LOGIN_ROUTE) == [
         {"hostRouteId": LOGIN_ROUTE, "workerSessionId": session, "exitCode": 125}
