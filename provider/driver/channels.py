@@ -1,19 +1,18 @@
 """Duplex channels (``duplexChannel*``, provider-behavior.md 7): a byte pipe to a process in the
 sandbox, which the host uses for its agent callback bridge (HTTP/2 over the channel).
 
-The host's argv runs under a non-login ``bash -c`` (which prints nothing of its own) that
-``exec``s it at once, with the stdin left open for the host's writes. There is no start gate: the
-process's output journal replays from ``after=0``, so what the child prints before the reader
-attaches (its readiness line) is read from the journal, as for a login terminal; a child that
-could fill the journal (about 1 MiB) before the attach would find the stream refused (410), which
-ends the channel with a tree kill, never with a silent gap. An open therefore costs two requests
-(create, connect), a write one ``/input`` per batch, a close two (``stdin/close``, then the
-confirmed kill of :meth:`provider.driver.sessions.RemoteSession.stop` unless the child already
-exited on its EOF).
+The host's argv runs under a non-login ``bash -c`` (which prints nothing of its own) behind a
+one-byte start gate read from the process's stdin, so nothing the child prints can be lost
+before the output stream is attached; the stdin then stays open for the host's writes. Stdout
+goes to the host raw, as padded base64 chunks of at most 196,608 bytes; stderr never mixes with
+it (it would corrupt the framing) and goes to ``log`` lines instead, bounded per channel.
 
-Stdout goes to the host raw, as padded base64 chunks of at most 196,608 bytes; stderr never
-mixes with it (it would corrupt the framing) and goes to ``log`` lines instead, bounded per
-channel.
+Requests: an open is 3 (create, connect, the gate's ``/input``), a write 1 ``/input`` (writes
+queued behind one in flight share the next), a close 2 (``stdin/close``, then one confirmed
+DELETE; none when the child already ended), a stop 1. The gate is the one request that could go,
+and stays: the journal replays from ``after=0``, but only its last ~1 MiB, and a child that
+prints from its first instant (``exec yes``) overruns that within the round trip before the
+connect, which then answers 410 and the open fails: output the gate would have kept.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from provider.driver.command_size import check_script
 from provider.driver.interactive import Interactive, OpenTarget
 from provider.driver.output import StreamDecoder
 from provider.driver.params import decode_params
-from provider.driver.sessions import RemoteSession, start_process
+from provider.driver.sessions import OPEN_DEADLINE_CAP, RemoteSession, start_process
 from provider.driver.shell import quote
 from provider.errors import InvalidParams, ProviderError, RequestRefused
 from provider.replies import AfterReply
@@ -47,6 +46,9 @@ MAX_WRITE_BYTES: Final = 8 * 1024 * 1024
 MALFORMED_LIMIT: Final = 100
 STDERR_LINE_CHARS: Final = 4000
 STDERR_BUDGET: Final = 65_536
+GATE: Final = b"g"
+GATE_SLACK_SECONDS: Final = 20
+GATE_SECONDS: Final = int(OPEN_DEADLINE_CAP) + GATE_SLACK_SECONDS
 
 
 class ChannelOpenParams(msgspec.Struct, kw_only=True):
@@ -85,16 +87,19 @@ def check_command(command: list[str]) -> None:
         if "\0" in arg:
             raise InvalidParams(f"command[{index}] contains a NUL character.")
     check_script(
-        channel_script(command),
+        channel_script(command, GATE_SECONDS),
         "The channel command",
         [(f"command[{index}]", arg) for index, arg in enumerate(command)],
         "Start a script synced into the sandbox instead.",
     )
 
 
-def channel_script(command: list[str]) -> str:
-    """``exec`` the argv verbatim, every element quoted (nothing is reinterpreted)."""
-    return "exec -- " + " ".join(quote(arg) for arg in command)
+def channel_script(command: list[str], gate_seconds: int) -> str:
+    """Wait for the one gate byte (bash reads a pipe byte by byte, so nothing after it is
+    consumed), then ``exec`` the argv verbatim with the rest of stdin."""
+    return f"IFS= read -r -N 1 -t {gate_seconds} _ || exit 125\nexec -- " + " ".join(
+        quote(arg) for arg in command
+    )
 
 
 def strict_base64(data: str) -> bytes:
@@ -170,6 +175,10 @@ class DuplexSession(RemoteSession):
                 with anyio.CancelScope(shield=True):
                     await self.stop_quietly()
 
+    async def on_open(self) -> None:
+        assert self.process_id is not None
+        await self.client.write_input(self.scope.lease_id, self.process_id, GATE)
+
     async def before_close(self) -> None:
         assert self.process_id is not None
         with contextlib.suppress(Conflict, NotFound, ProviderError):
@@ -232,12 +241,12 @@ class DuplexChannels:
         check_command(p.command)
         target: OpenTarget = self.interactive.check_open(KIND, p, "duplexChannelOpen")
         session = self.interactive.new_session(DuplexSession, KIND, target, "duplex")
-        script = channel_script(p.command)
+        script = channel_script(p.command, GATE_SECONDS)
 
         async def start(s: RemoteSession) -> None:
             await start_process(s, script=script, login=False, pty=None)
             self.interactive.start_reader(s, target.window)
-            await s.wait_opened()  # answer once the output stream is attached
+            await s.wait_opened()  # connected and the gate written (7.1.3)
 
         table = self.interactive.table
         return await self.interactive.open(

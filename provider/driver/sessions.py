@@ -107,8 +107,8 @@ class RemoteSession:
         return not (self.opening or self.ended or self.stopped or self.broken)
 
     async def wait_opened(self) -> None:
-        """Until the reader has attached the output stream; raises what ended the reader if
-        it ended first."""
+        """Until the reader has attached the output stream (and run :meth:`on_open`); raises
+        what ended the reader if it ended first."""
         async with anyio.create_task_group() as group:
 
             async def until(event: anyio.Event) -> None:
@@ -130,6 +130,9 @@ class RemoteSession:
             await self.log("warn", f"{self.session_id}: {exc}", None)
 
     # -- subclass hooks ------------------------------------------------------------------------
+
+    async def on_open(self) -> None:
+        """Called once the output stream is attached (a duplex channel opens its gate)."""
 
     async def before_close(self) -> None:
         """Called by a close of a live session before it is stopped."""
@@ -179,6 +182,7 @@ class RemoteSession:
             await self._finish()
 
     async def _attached(self) -> None:
+        await self.on_open()
         self.opened.set()
 
     async def _finish(self) -> None:
