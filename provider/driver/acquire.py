@@ -30,6 +30,7 @@ from provider.driver.params import AcquireParams
 from provider.driver.placement import Placement, plan_placement
 from provider.driver.recovery import recover_orphans
 from provider.driver.reuse import name_token
+from provider.driver.running import when_running
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -185,15 +186,23 @@ async def prepare_sandbox(
     window), prepare the workspace and write a fresh marker, which is returned. Any failure
     deletes the sandbox before the error propagates."""
     try:
-        if status != "running":  # a create that answered running needs no read to confirm it
-            await transition(client, sandbox_id, "running")
-        if patch:
+        if patch:  # a fork: patched once it runs (a fork answers forking)
+            if status != "running":
+                await transition(client, sandbox_id, "running")
             await client.patch_sandbox(sandbox_id, **patch)
+            status = "running"
         # One request prepares the workspace and writes the marker (36 bytes, no newline): the
-        # marker is a fresh UUID (hex and dashes only), so it needs no quoting.
+        # marker is a fresh UUID (hex and dashes only), so it needs no quoting. A create that
+        # answered running, or no status at all (the TS SDK's body: it answers once booted),
+        # gets no read first: the exec is the read, and its 409 (nothing ran) makes us poll.
         marker = str(uuid.uuid4())
         script = f"mkdir -p -- '{MARKER_DIR}' && printf '%s' '{marker}' > '{MARKER_PATH}'"
-        prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", script])
+        prepared = await when_running(
+            client,
+            sandbox_id,
+            status or "running",
+            lambda: client.exec(sandbox_id, "/bin/bash", ["-lc", script]),
+        )
         if prepared.exit_code != 0:
             raise ProviderError(
                 f"Could not prepare {ROOT} in the sandbox (exit code {prepared.exit_code}); the "
