@@ -2,10 +2,12 @@
 2.9-2.10). Acquire lives in :mod:`provider.driver.acquire`.
 
 Resume proves the sandbox is still ours (the marker written at acquire) after re-applying the
-lease's stored egress list; a lease whose placement no longer matches the config is gone without
-a request. Release keeps a keepable lease (:mod:`provider.driver.placement`): *warm* (window of
-60 s or more: every process tree is confirmed gone, the sandbox keeps running until CreateOS
-idle-pauses it) or paused (window 0); any other lease is deleted, and destroy always deletes.
+lease's stored egress list (when the sandbox holds another); a lease whose placement no longer
+matches the config is gone without a request. Release keeps a keepable lease
+(:mod:`provider.driver.placement`): *warm* (window of 60 s or more: every process tree is
+confirmed gone, the sandbox keeps running until CreateOS idle-pauses it) or paused (window 0);
+any other lease is deleted, and destroy always deletes. Resume and the pausing release make no
+request that the next one makes redundant (:mod:`provider.driver.running`).
 Every refusal happens before the first HTTP request. The ``on_kept`` hook tells the reaper
 about kept sandboxes; it must not wait.
 """
@@ -23,7 +25,13 @@ from provider.createos.errors import NotFound
 from provider.driver import gone
 from provider.driver.acquire import MARKER_PATH, LeaseHook
 from provider.driver.params import LeaseIdParams, LeaseParams
-from provider.driver.placement import is_keepable, is_warm, placement_changed, stored_egress
+from provider.driver.placement import (
+    egress_in_place,
+    is_keepable,
+    is_warm,
+    placement_changed,
+    stored_egress,
+)
 from provider.driver.recovery import claim_lease
 from provider.driver.running import pause_until_paused, read_view, when_running
 from provider.driver.runtime import (
@@ -77,7 +85,7 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
                         f"Sandbox {sandbox_id} is destroying and cannot become running.",
                         status=view.status,
                     )
-                if view.egress != egress:  # before it runs again (2.9.4); the read showed it
+                if not egress_in_place(view.egress, egress):  # before it runs again (2.9.4)
                     await client.put_egress(sandbox_id, egress)
                 check = await when_running(
                     client,

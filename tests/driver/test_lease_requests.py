@@ -16,6 +16,7 @@ import pytest
 
 from provider.errors import ProviderError
 from tests.driver.conftest import Harness
+from tests.driver.templates_support import template, template_config
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +175,18 @@ async def test_destroy(h: Harness, options: dict[str, Any], expected: list[str])
     receipt = await h.methods.destroy(h.lease_ref(lease, **options))
     assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "destroyed"}
     assert await requests_since(h, since, lease["providerLeaseId"]) == expected
+
+
+async def test_a_lease_forked_from_a_template_resumes_without_an_egress_put(h: Harness) -> None:
+    # The fork holds ["*"] for allow-all (2.9.3), the lease stores []: the same policy, so
+    # the read that shows it spares the PUT.
+    ref, _ = await template(h)
+    config = template_config(ref, **WARM)
+    lease, seen = await acquired(h, **config)
+    assert seen[0] == f"POST /v1/sandboxes/{ref}/fork" and seen[-1] == "GET /v1/sandboxes"
+    await h.methods.release(h.lease_ref(lease, **config))
+    since = await h.request_count()
+    resumed = await h.methods.resume(h.lease_ref(lease, **config))
+    assert resumed["providerLeaseId"] == lease["providerLeaseId"]
+    seen = await requests_since(h, since, lease["providerLeaseId"])
+    assert seen == ["GET /v1/sandboxes/{id}", "POST /v1/sandboxes/{id}/exec"]
