@@ -39,7 +39,7 @@ from provider.driver.runtime import (
     bind_call,
     deadline,
 )
-from provider.driver.sandbox_ops import delete_sandbox_confirmed, transition
+from provider.driver.sandbox_ops import delete_sandbox_confirmed
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 
 MARKER_DIR = f"{ROOT}/.paperclip-runtime"
@@ -186,10 +186,13 @@ async def prepare_sandbox(
     window), prepare the workspace and write a fresh marker, which is returned. Any failure
     deletes the sandbox before the error propagates."""
     try:
-        if patch:  # a fork: patched once it runs (a fork answers forking)
-            if status != "running":
-                await transition(client, sandbox_id, "running")
-            await client.patch_sandbox(sandbox_id, **patch)
+        if patch:  # a fork, patched once a read shows it running (it answers forking)
+            await when_running(
+                client,
+                sandbox_id,
+                status or "running",
+                lambda: client.patch_sandbox(sandbox_id, **patch),
+            )
             status = "running"
         # One request prepares the workspace and writes the marker (36 bytes, no newline): the
         # marker is a fresh UUID (hex and dashes only), so it needs no quoting. A create that
