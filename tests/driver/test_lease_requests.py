@@ -109,6 +109,26 @@ async def test_a_pausing_release_submits_then_reads(h: Harness) -> None:
     assert polled(seen) == ["POST /v1/sandboxes/{id}/pause", READS, "GET /v1/sandboxes"]
 
 
+async def test_a_pause_refused_with_409_falls_back_to_reading_first(h: Harness) -> None:
+    # A 409 says the sandbox was not running when the pause came; the reads then decide, and
+    # submit the one pause the sandbox can take once it reads running.
+    lease, _ = await acquired(h, **KEEP_PAUSED)
+    await h.emulator.admin.add_fault("POST", r"/pause$", status=409)
+    since = await h.request_count()
+    receipt = await h.methods.release(h.lease_ref(lease, **KEEP_PAUSED))
+    assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "stopped"}
+    rows = (await h.emulator.admin.requests())[since:]
+    pauses = [row["status"] for row in rows if row["path"].endswith("/pause")]
+    assert pauses == [409, 202]
+    seen = await requests_since(h, since, lease["providerLeaseId"])
+    assert polled(seen) == [
+        "POST /v1/sandboxes/{id}/pause",
+        READS,  # running
+        "POST /v1/sandboxes/{id}/pause",
+        READS,  # until paused
+    ]
+
+
 async def test_resume_of_a_paused_lease_is_read_resume_exec(h: Harness) -> None:
     lease, _ = await acquired(h, **KEEP_PAUSED)
     await h.methods.release(h.lease_ref(lease, **KEEP_PAUSED))
