@@ -318,7 +318,7 @@ async def test_probe_creates_runs_and_deletes(harness: Harness) -> None:
 
 
 async def test_probe_reports_failure_and_still_deletes(harness: Harness) -> None:
-    await harness.emulator.admin.add_fault("POST", r"/processes$", status=400)
+    await harness.emulator.admin.add_fault("POST", r"/exec$", status=400)
     result = await harness.methods.probe(harness.call())
     assert result["ok"] is False and "400" in result["summary"]
     assert await live_sandboxes(harness) == []
