@@ -88,13 +88,15 @@ async def test_release_with_the_default_config_deletes_and_confirms(h: Harness) 
     assert polled(seen) == ["DELETE /v1/sandboxes/{id}", READS]
 
 
-async def test_a_warm_release_is_one_request(h: Harness) -> None:
+async def test_a_warm_release_is_one_sweep_and_one_list(h: Harness) -> None:
     lease, _ = await acquired(h, **WARM)
     since = await h.request_count()
     receipt = await h.methods.release(h.lease_ref(lease, **WARM))
     assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "stopped"}
     seen = await requests_since(h, since, lease["providerLeaseId"])
-    assert seen == ["GET /v1/sandboxes/{id}/processes"]  # nothing alive: nothing to kill
+    # One kill of every streamed command's tree (daemons they left are not managed processes),
+    # then the managed processes: nothing alive, nothing to kill.
+    assert seen == ["POST /v1/sandboxes/{id}/exec", "GET /v1/sandboxes/{id}/processes"]
 
 
 async def test_a_pausing_release_submits_then_reads(h: Harness) -> None:
