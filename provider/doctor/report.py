@@ -29,6 +29,9 @@ ASSUMPTIONS: Final[dict[str, str]] = {
         f"the exec stream sends a heartbeat at least every {HEARTBEAT_LIMIT_S:.0f} s while silent"
     ),
     "exec_stream_end": "the exec stream ends, at the leader's exit or at stdio EOF",
+    "command_status": "a streamed command's exit code and signal come back told apart",
+    "command_daemon": "a streamed command returns at its leader's exit, a child holding stdout",
+    "command_kill": "a dropped command is found by its token in /proc and its kill confirmed",
     "list_paused_filter": "GET /v1/sandboxes?status=paused is accepted and filters",
     "put_creates_parents": "PUT /files creates missing parent folders",
     "paused_sandbox": "exec and files on a paused sandbox answer 409 (no auto-resume)",

@@ -27,6 +27,7 @@ from typing import Final
 import anyio
 
 from provider.createos.errors import APIStatusError, CreateOSError, NotFound
+from provider.doctor import checks_commands as command_checks
 from provider.doctor import checks_sandbox as sandbox_checks
 from provider.doctor import checks_streams as stream_checks
 from provider.doctor.checks_streams import Target
@@ -120,6 +121,9 @@ async def _phases(
             ("connect_heartbeat", stream_checks.connect_heartbeat, stream_s),
             ("exec_heartbeat", stream_checks.exec_heartbeat, stream_s),
             ("exec_stream_end", stream_checks.exec_stream_end, stream_s),
+            ("command_status", command_checks.command_status, CHECK_S),
+            ("command_daemon", command_checks.command_daemon, CHECK_S),
+            ("command_kill", command_checks.command_kill, CHECK_S),
             ("put_creates_parents", sandbox_checks.put_creates_parents, CHECK_S),
         ):
             group.start_soon(_guarded, result.found, [key], limit, _one(check, target))

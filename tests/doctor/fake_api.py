@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import selectors
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -145,11 +148,46 @@ class FakeCreateOS:
 
     def _exec(self, body: dict[str, Any]) -> Response:
         script = body["args"][-1]
+        if body["cmd"] == "/usr/bin/env" or "paperclip-kill" in script:
+            return _run_for_real(body)  # the worker's own command path (its token, its kill)
         if not body.get("stream"):
             return _ok({"result": {"stdout": "", "stderr": "", "exit_code": 0}})
         if "child-done" in script:
             return _stream([{"stdout": "leader-done\n"}, {"exit_code": 0}])
         return _stream([*_beats(0.6, {"hb": True}), {"exit_code": 0}], sse=self.sse)
+
+
+def _run_for_real(body: dict[str, Any]) -> Response:
+    """Run the exec on this machine, as the sandbox would: buffered, or streamed as frames
+    until both pipes close (the worst case: a child holding stdout keeps the stream open)."""
+    argv = [body["cmd"], *body["args"]]
+    stdin = str(body.get("stdin") or "").encode()
+    if not body.get("stream"):
+        done = subprocess.run(argv, input=stdin, capture_output=True, timeout=60, check=False)
+        result = {"stdout": done.stdout.decode(), "stderr": done.stderr.decode()}
+        return _ok({"result": {**result, "exit_code": done.returncode}})
+    process = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    process.stdin.write(stdin)
+    process.stdin.close()
+    pipes = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
+
+    def frames() -> Iterator[bytes]:
+        with selectors.DefaultSelector() as selector:
+            for fd in pipes:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map():
+                for key, _ in selector.select():
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fd)
+                        continue
+                    yield json.dumps({pipes[key.fd]: data.decode()}).encode() + b"\n"
+        yield json.dumps({"exit_code": process.wait()}).encode() + b"\n"
+
+    return Response(frames(), 200, content_type="application/x-ndjson", direct_passthrough=True)
 
 
 def _beats(seconds: float, frame: dict[str, Any]) -> list[dict[str, Any] | float]:
