@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import pytest
 
+from provider.createos import exec_stream as exec_stream_module
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
+
+
+@pytest.fixture(autouse=True)
+def _fresh_exec_stream_memory() -> Iterator[None]:
+    """A worker remembers, per API URL, a server without the exec stream for its whole life;
+    tests reuse ports, so one test's older-server emulator must not shape the next test's."""
+    yield
+    exec_stream_module._STREAMLESS.clear()
 
 
 @pytest.fixture

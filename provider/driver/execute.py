@@ -23,11 +23,11 @@ from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.command_size import check_script
 from provider.driver.managed_command import (
     LARGE_DATA_HINT,
-    OutputSink,
     ProcessRecord,
     prepare_managed,
     run_managed,
 )
+from provider.driver.output import OutputSink
 from provider.driver.shell import validate_env
 from provider.driver.streamed import StreamPlan, plan_stream, run_streamed
 from provider.errors import InvalidParams

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,15 +34,13 @@ from provider.createos.stream import follow_process_output
 from provider.createos.wire import Wire
 from provider.driver.budget import CleanupBound
 from provider.driver.command_size import check_script
-from provider.driver.output import StreamDecoder, TailBuffer
+from provider.driver.output import CommandOutput, OutputSink, StreamDecoder
 from provider.driver.sandbox_ops import kill_tree
 from provider.driver.shell import StdinMode, build_wrapper_script
 from provider.errors import CleanupUnconfirmed, ProviderError, RateLimitQueued
 
 if TYPE_CHECKING:
     from provider.driver.execute import CommandSpec
-
-OutputSink = Callable[[str, str], Awaitable[None]]
 
 
 class ProcessRecord(Protocol):
@@ -96,22 +93,13 @@ LARGE_DATA_HINT = "Pass large data as stdin or in a file synced in first (neithe
 
 
 @dataclass
-class _Run:
+class _Run(CommandOutput):
     process_id: str | None = None
     create: Wire = field(default_factory=lambda: Wire(settle=CREATE_SETTLE_SECONDS))
     exit: ExitFrame | None = None
-    stdout: TailBuffer = field(default_factory=TailBuffer)
-    stderr: TailBuffer = field(default_factory=TailBuffer)
     decoders: dict[str, StreamDecoder] = field(
         default_factory=lambda: {"stdout": StreamDecoder(), "stderr": StreamDecoder()}
     )
-
-    async def emit(self, stream: str, text: str, sink: OutputSink | None) -> None:
-        if not text:
-            return
-        if sink is not None:
-            await sink(stream, text)
-        (self.stdout if stream == "stdout" else self.stderr).append(text)
 
     async def flush(self, sink: OutputSink | None) -> None:
         for stream, decoder in self.decoders.items():
@@ -125,7 +113,7 @@ class _Run:
     def metadata(self) -> dict[str, Any]:
         return {
             "processId": self.process_id,
-            "outputTruncated": self.stdout.truncated or self.stderr.truncated,
+            "outputTruncated": self.truncated,
         }
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import codecs
 from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 DEFAULT_TAIL_LIMIT: Final = 4 * 1024 * 1024  # characters kept per stream (spec 3.7)
@@ -119,6 +121,28 @@ class TailBuffer:
         self._pieces = deque((joined,)) if joined else deque()
         self._held = len(joined)
         return joined
+
+
+OutputSink = Callable[[str, str], Awaitable[None]]
+
+
+@dataclass
+class CommandOutput:
+    """A command's output as it comes: relayed live to a sink, kept as two bounded tails."""
+
+    stdout: TailBuffer = field(default_factory=TailBuffer)
+    stderr: TailBuffer = field(default_factory=TailBuffer)
+
+    async def emit(self, stream: str, text: str, sink: OutputSink | None) -> None:
+        if not text:
+            return
+        if sink is not None:
+            await sink(stream, text)
+        (self.stdout if stream == "stdout" else self.stderr).append(text)
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout.truncated or self.stderr.truncated
 
 
 class StreamDecoder:

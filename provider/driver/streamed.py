@@ -26,7 +26,6 @@ crashes mid-command has its tree killed by the next one (:mod:`provider.driver.r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -45,7 +44,7 @@ from provider.driver.command_script import (
     new_token,
     stream_wrapper,
 )
-from provider.driver.output import TailBuffer
+from provider.driver.output import CommandOutput, OutputSink
 from provider.driver.sandbox_ops import COMMAND_PREFIX, kill_command
 from provider.driver.stream_end import EndScanner, EndStatus
 from provider.errors import CleanupUnconfirmed, ProviderError, RateLimitQueued
@@ -54,7 +53,6 @@ if TYPE_CHECKING:
     from provider.driver.execute import CommandSpec
     from provider.driver.managed_command import ProcessRecord
 
-OutputSink = Callable[[str, str], Awaitable[None]]
 
 INLINE_STDIN_BYTES: Final = 262_144
 """Stdin up to this many UTF-8 bytes travels in the exec's body; more is staged as a file."""
@@ -71,15 +69,13 @@ class CommandLost(ProviderError):
 
 
 @dataclass
-class _Run:
-    nonce: str
+class _Run(CommandOutput):
+    nonce: str = field(default_factory=new_token)
     exec_wire: Wire = field(default_factory=lambda: Wire(settle=SETTLE_SECONDS))
     end: EndStatus | None = None
     problem: str | None = None  # why the stream is lost, when it is
     exit_frame: int | None = None
     open_timed_out: bool = False  # the command's timeout passed before its stream opened
-    stdout: TailBuffer = field(default_factory=TailBuffer)
-    stderr: TailBuffer = field(default_factory=TailBuffer)
     scanners: dict[str, EndScanner] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -89,13 +85,6 @@ class _Run:
     @property
     def ended(self) -> bool:
         return all(scanner.end is not None for scanner in self.scanners.values())
-
-    async def emit(self, stream: str, text: str, sink: OutputSink | None) -> None:
-        if not text:
-            return
-        if sink is not None:
-            await sink(stream, text)
-        (self.stdout if stream == "stdout" else self.stderr).append(text)
 
     def result(self, *, timed_out: bool = False) -> dict[str, Any]:
         """The command's result as the managed path gives it (no ``signal`` on a timeout)."""
@@ -108,7 +97,7 @@ class _Run:
             timedOut=timed_out,
             stdout=self.stdout.getvalue(),
             stderr=self.stderr.getvalue(),
-            metadata={"outputTruncated": self.stdout.truncated or self.stderr.truncated},
+            metadata={"outputTruncated": self.truncated},
         )
         return result
 
@@ -158,7 +147,7 @@ async def run_streamed(
     record: ProcessRecord | None,
 ) -> dict[str, Any]:
     """Run ``spec`` (module docstring); its values were checked by the caller."""
-    token, run = new_token(), _Run(new_token())
+    token, run = new_token(), _Run()
     plan = plan_stream(spec, token, run.nonce)
     staged, timeout = plan.staged, spec.timeout
     if record is not None:

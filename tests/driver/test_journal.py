@@ -244,6 +244,16 @@ async def test_poisoned_lease_stays_refused_after_a_restart(harness: Harness) ->
     )
 
 
+def scope_of(h: Harness, sandbox_id: str) -> ScopeKey:
+    return ScopeKey.build(
+        company_id=h.company_id,
+        environment_id=h.environment_id,
+        api_url=h.emulator.base_url,
+        api_key="test-key",
+        lease_id=sandbox_id,
+    )
+
+
 async def test_next_call_kills_a_crashed_workers_process_tree(harness: Harness) -> None:
     h = harness
     lease = await h.acquire()
@@ -253,13 +263,7 @@ async def test_next_call_kills_a_crashed_workers_process_tree(harness: Harness) 
             sandbox_id, cmd="/bin/bash", args=["-c", "(sleep 300 &); sleep 300"]
         )
     assert await h.emulator.admin.live_process_count() == 1
-    lease_scope = ScopeKey.build(
-        company_id=h.company_id,
-        environment_id=h.environment_id,
-        api_url=h.emulator.base_url,
-        api_key="test-key",
-        lease_id=sandbox_id,
-    )
+    lease_scope = scope_of(h, sandbox_id)
     assert h.methods.runtime.journal.path is not None
     crashed_writer(h.methods.runtime.journal.path).add_process(lease_scope, view.process_id)
     fresh = restarted(h)
@@ -289,13 +293,7 @@ async def test_next_call_kills_a_crashed_workers_streamed_command_by_its_token(
     with anyio.fail_after(10):
         while len(await token_carriers(h, lease)) < 4:
             await anyio.sleep(0.05)
-    lease_scope = ScopeKey.build(
-        company_id=h.company_id,
-        environment_id=h.environment_id,
-        api_url=h.emulator.base_url,
-        api_key="test-key",
-        lease_id=sandbox_id,
-    )
+    lease_scope = scope_of(h, sandbox_id)
     assert h.methods.runtime.journal.path is not None
     crashed_writer(h.methods.runtime.journal.path).add_process(lease_scope, f"cmd:{token}")
     fresh = restarted(h)
@@ -323,13 +321,7 @@ async def test_next_call_kills_the_tree_of_a_worker_left_as_a_zombie(harness: Ha
     sandbox_id = lease["providerLeaseId"]
     async with CreateOSClient(h.emulator.base_url, "test-key") as client:
         view = await client.create_process(sandbox_id, cmd="/bin/bash", args=["-c", "sleep 300"])
-    lease_scope = ScopeKey.build(
-        company_id=h.company_id,
-        environment_id=h.environment_id,
-        api_url=h.emulator.base_url,
-        api_key="test-key",
-        lease_id=sandbox_id,
-    )
+    lease_scope = scope_of(h, sandbox_id)
     path = h.methods.runtime.journal.path
     assert path is not None
     scope_fields = [
