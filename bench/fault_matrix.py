@@ -36,7 +36,7 @@ from tests.reliability.fault_cells import (
 )
 from tests.reliability.fault_runner import CellResult, matrix_harness, run_cell
 
-SHORT = {"retried": "R", "surfaced": "S", "expired": "E", "poisoned": "P", "ok": "ok"}
+SHORT = {"retried": "R", "surfaced": "S", "lost": "L", "expired": "E", "poisoned": "P", "ok": "ok"}
 RESULT_PATH = REPO_ROOT / "bench" / "results" / "fault_matrix.json"
 
 

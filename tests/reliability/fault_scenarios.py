@@ -3,7 +3,8 @@
 Every scenario runs against the in-process driver (:class:`tests.driver.conftest.Harness`) and
 the real emulator. ``call`` is the host call under fault; ``succeeded`` says whether its result
 is the fault-free one; ``intact`` repeats the call with no fault injected (the lease must still
-serve it); ``cleanup`` destroys whatever lease the scenario still holds.
+serve it); ``cleanup`` destroys whatever lease the scenario still holds; ``runs`` counts how
+often the command under fault ran (None: not counted).
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from typing import Any
 from provider.createos.errors import APIConnectionError
 from provider.errors import CleanupUnconfirmed
 from tests.driver.conftest import Harness
+from tests.driver.stream_helpers import sandbox_shell
 
 API_KEY = "test-key"
 WS = "/paperclip-workspace"
 GONE = {"providerLeaseId": None, "metadata": {"expired": True}}
 REMOTE_TEXT = "remote contents: " + "x" * 64 + "\n"
+RUNS_FILE = "/tmp/paperclip-matrix-runs"
+COUNT_RUN = f"echo run >> {RUNS_FILE}; "
+"""Prefix of a command whose runs are counted: one line per run."""
 
 
 class Scenario:
@@ -47,6 +52,10 @@ class Scenario:
     async def intact(self) -> bool:
         """After a surfaced failure: does the lease still serve the same call?"""
         return True
+
+    async def runs(self) -> int | None:
+        """How many times the command under fault ran, when the scenario counts it."""
+        return None
 
     async def cleanup(self) -> None:
         if self.lease is not None:
@@ -168,7 +177,7 @@ class ReleaseReuse(Scenario):
 
 
 class Execute(Scenario):
-    command: tuple[str, ...] = ("echo", "hello")
+    command: tuple[str, ...] = ("bash", "-c", COUNT_RUN + "echo hello")
     stdout = "hello\n"
     timeout_ms: int | None = None
 
@@ -196,22 +205,22 @@ class Execute(Scenario):
     async def intact(self) -> bool:
         return self.succeeded(await self.call(), None)
 
+    async def runs(self) -> int | None:
+        assert self.lease is not None
+        return len((await sandbox_shell(self.h, self.lease, f"cat {RUNS_FILE}; true")).split())
 
-class ExecuteChatty(Execute):
-    """Output in several frames, so a cut stream has something to replay."""
 
-    command = ("bash", "-c", "echo one; sleep 0.2; echo two; sleep 0.2; echo three")
+class ExecuteLost(Execute):
+    """The command's stream is cut after one frame: the worker then kills its tree by token,
+    with the buffered exec under fault. The command outlives the cut, so the kill has work."""
+
+    command = ("bash", "-c", COUNT_RUN + "echo one; sleep 0.3; echo two; sleep 0.3; echo three")
     stdout = "one\ntwo\nthree\n"
 
-
-class ExecuteTimeout(Execute):
-    """A command that outlives its timeout: the worker must kill its tree (DELETE process)."""
-
-    command = ("sleep", "30")
-    timeout_ms = 1000
-
-    def succeeded(self, value: Any, error: Exception | None) -> bool:
-        return error is None and value["timedOut"] is True and value["exitCode"] is None
+    async def setup(self) -> None:
+        await super().setup()
+        # Taken by the exec stream; the cell's fault, queued behind it, by the kill.
+        await self.h.emulator.admin.add_fault("POST", r"/exec$", cut_after_frames=1)
 
 
 class SyncIn(Scenario):
@@ -283,8 +292,7 @@ SCENARIOS: dict[str, type[Scenario]] = {
     "destroy": Destroy,
     "release-reuse": ReleaseReuse,
     "execute": Execute,
-    "execute-chatty": ExecuteChatty,
-    "execute-timeout": ExecuteTimeout,
+    "execute-lost": ExecuteLost,
     "sync-in": SyncIn,
     "sync-out": SyncOut,
     "probe": Probe,
