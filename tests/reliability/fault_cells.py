@@ -14,7 +14,9 @@ outcome from the specs, never from the code:
   retries): nothing ran. Anything else that leaves it unfinished (a 502, a transport error, a read
   timeout, a cut or malformed stream) is a lost stream: one buffered ``POST /exec`` kills the
   command's tree by its token; confirmed -> a clear error, the lease usable; unconfirmed (that
-  kill not answered, or refused for good) -> the lease is poisoned.
+  kill not answered, or refused for good) -> the lease is poisoned. A cancellation (a reuse
+  release mid-command) kills the same way: confirmed -> the release goes on; unconfirmed ->
+  poisoned, and the release refuses to keep the lease.
 - 5.6: a download cut mid-body fails the sync and leaves the target untouched.
 """
 
@@ -24,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Outcome = Literal["ok", "retried", "surfaced", "lost", "expired", "poisoned"]
-Kind = Literal["idempotent", "post", "create-sandbox", "exec-stream", "kill-exec", "download"]
+Kind = Literal[
+    "idempotent", "post", "create-sandbox", "exec-stream", "kill-exec", "cancel-kill", "download"
+]
 
 READ_TIMEOUT = 0.5
 """Client read timeout (seconds) for requests matching a ``timeout`` fault."""
@@ -114,6 +118,9 @@ SITES: tuple[Site, ...] = (
          cleanup_execs=1),
     Site("execute.kill-exec", "POST .../exec (kill by token)", "POST", r"/exec$",
          "execute (stream cut)", "execute-lost", "kill-exec", 1, (*COMMON, "503x4"), query=""),
+    Site("release.kill-exec", "POST .../exec (kill by token)", "POST", r"/exec$",
+         "release (reuse) mid-command", "execute-cancelled", "cancel-kill", 1, (*COMMON, "503x4"),
+         query=""),
     Site("probe.create", "POST /v1/sandboxes", "POST", r"^/v1/sandboxes$",
          "probe", "probe", "create-sandbox", 1),
     Site("probe.delete", "DELETE /v1/sandboxes/{id}", "DELETE", r"^/v1/sandboxes/[^/]+$",
@@ -151,6 +158,8 @@ def expected(site: Site, fault: FaultSpec) -> Outcome:
     """The specified outcome of ``fault`` at ``site`` (see the module docstring)."""
     if site.kind == "kill-exec":  # the stream is lost either way: is its kill confirmed?
         return "lost" if fault.name in ("none", "429", "503") else "poisoned"
+    if site.kind == "cancel-kill" and fault.name not in ("none", "429", "503"):
+        return "poisoned"  # 3.9: a cancellation whose kill is not confirmed
     if fault.name == "none":
         return "ok"
     if fault.name == "404":

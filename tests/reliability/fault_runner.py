@@ -3,8 +3,9 @@
 :func:`run_cell` sets the scenario up, injects the fault through the emulator's admin API, makes
 the host call, waits out any delayed request, then classifies the outcome *from observations*:
 
-- ``poisoned``: the call raised CleanupUnconfirmed, and then execute, sync and a reuse release
-  are refused with zero HTTP requests while destroy still deletes and clears the mark;
+- ``poisoned``: the call raised CleanupUnconfirmed (a release mid-command: the command did, and
+  the release refused to keep the lease), and then execute, sync and a reuse release are refused
+  with zero HTTP requests while destroy still deletes and clears the mark;
 - ``expired``: resume answered exactly "gone" and the sandbox was not deleted;
 - ``retried`` / ``ok``: the call gave its fault-free result, with one more matching request
   than the fault-free run (``ok``: exactly as many); a 429 retry waited for ``Retry-After``;
@@ -43,7 +44,7 @@ from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService
 from provider.driver.streamed import CommandLost
 from provider.emulator import Emulator
-from provider.errors import CleanupUnconfirmed, RequestRefused
+from provider.errors import RequestRefused
 from tests.driver.conftest import Harness
 from tests.reliability.fault_cells import KILL_EXEC, Cell, Site
 from tests.reliability.fault_scenarios import SCENARIOS, Scenario
@@ -130,15 +131,17 @@ async def matrix_harness(emulator: Emulator, state_dir: Path) -> AsyncIterator[M
     journal = LeaseJournal(state_dir / "leases.sqlite3")
     runtime = DriverRuntime(client_factory=client_factory, environ={}, journal=journal)
 
+    notifications: list[tuple[str, dict[str, Any]]] = []
+
     async def notify(method: str, params: dict[str, Any]) -> None:
-        return None
+        notifications.append((method, params))
 
     async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
         return None
 
     await emulator.admin.settings(**EMULATOR_SETTINGS)
     methods = DriverService(runtime, notify=notify, log=log)
-    yield MatrixHarness(emulator, methods, plan=plan, journal=journal)
+    yield MatrixHarness(emulator, methods, notifications, plan=plan, journal=journal)
 
 
 @dataclass
@@ -233,7 +236,7 @@ async def classify(
         return "key-in-error", detail
     if runs is not None and runs > 1:
         return f"the command ran {runs} times", detail
-    if isinstance(error, CleanupUnconfirmed) and scenario.lease is not None:
+    if scenario.unconfirmed(error) and scenario.lease is not None:
         problem = await poisoned_problem(h, scenario)
         return ("poisoned", detail) if problem is None else (f"poisoned, but {problem}", detail)
     if error is None and scenario.gone(value):

@@ -13,8 +13,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from provider.createos.errors import APIConnectionError
-from provider.errors import CleanupUnconfirmed
+from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import sandbox_shell
 
@@ -48,6 +50,10 @@ class Scenario:
 
     def gone(self, value: Any) -> bool:
         return False
+
+    def unconfirmed(self, error: Exception | None) -> bool:
+        """Whether the call reported a cleanup it could not confirm (the lease is poisoned)."""
+        return isinstance(error, CleanupUnconfirmed)
 
     async def intact(self) -> bool:
         """After a surfaced failure: does the lease still serve the same call?"""
@@ -223,6 +229,50 @@ class ExecuteLost(Execute):
         await self.h.emulator.admin.add_fault("POST", r"/exec$", cut_after_frames=1)
 
 
+class ExecuteCancelled(Scenario):
+    """A reuse release while a command runs: the release cancels the command, whose tree is
+    then killed by its token with one buffered exec (the one under fault)."""
+
+    reuse = True
+    script = "(sleep 300 &); setsid sleep 301 & echo started; sleep 302"
+
+    async def setup(self) -> None:
+        await self.acquire()
+        # A pass-through taken by the exec stream; the cell's fault, queued behind it, by the kill.
+        await self.h.emulator.admin.add_fault("POST", r"/exec$", delay_ms=1)
+        self.outcome: list[BaseException] = []
+
+    async def call(self) -> Any:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._command)
+                with anyio.fail_after(20):
+                    while ("stdout", "started\n") not in self.h.live_chunks():
+                        await anyio.sleep(0.02)
+                return await self.h.methods.release(self.ref())
+        except BaseExceptionGroup as group:  # the release's own error, for the classification
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def _command(self) -> None:
+        try:
+            await self.sh(self.script)
+        except ProviderError as exc:
+            self.outcome.append(exc)
+
+    def succeeded(self, value: Any, error: Exception | None) -> bool:
+        assert self.lease is not None
+        receipt = {"providerLeaseId": self.lease["providerLeaseId"], "state": "stopped"}
+        cancelled = len(self.outcome) == 1 and "cancelled" in str(self.outcome[0])
+        return error is None and value == receipt and cancelled
+
+    def unconfirmed(self, error: Exception | None) -> bool:
+        # The command reports the unconfirmed kill; the release then refuses to keep the lease.
+        killed = [exc for exc in self.outcome if isinstance(exc, CleanupUnconfirmed)]
+        return isinstance(error, RequestRefused) and len(killed) == len(self.outcome) == 1
+
+
 class SyncIn(Scenario):
     async def setup(self) -> None:
         await self.acquire()
@@ -293,6 +343,7 @@ SCENARIOS: dict[str, type[Scenario]] = {
     "release-reuse": ReleaseReuse,
     "execute": Execute,
     "execute-lost": ExecuteLost,
+    "execute-cancelled": ExecuteCancelled,
     "sync-in": SyncIn,
     "sync-out": SyncOut,
     "probe": Probe,
