@@ -128,6 +128,7 @@ def main() -> None:
     print()
     print("R retried (succeeded, request log shows the retry)  S surfaced (error, lease intact)")
     print("E expired (resume answered providerLeaseId null)  P poisoned (refused until destroy)")
+    print("L lost (exec stream lost, its tree killed by token, confirmed; lease intact)")
     print("ok control run without fault  a!=b observed a, specified b  skip* emulator bug")
     for cell_id in skipped:
         print(f"  skip* {cell_id}: {KNOWN_EMULATOR_BUGS[cell_id]}")
