@@ -160,9 +160,9 @@ async def test_demo_on_a_given_endpoint_with_the_python_host_never_prints_the_ke
 async def test_a_step_failing_after_acquire_still_destroys_the_lease() -> None:
     await anyio.to_thread.run_sync(require_bwrap)
     async with Emulator(api_keys=["demo-key"]) as emulator:
-        # Only the resume step sets a sandbox's egress (PUT .../egress, before it runs again):
-        # it fails after the warm release, with the lease kept.
-        await emulator.admin.add_fault("PUT", r"/egress$", status=400, times=20)
+        # Only the warm release lists a sandbox's processes (GET .../processes): it fails after
+        # acquire, sync and build, with the lease still held.
+        await emulator.admin.add_fault("GET", r"/processes$", status=400, times=20)
         result = await anyio.run_process(
             [*DEMO, "--api-url", emulator.base_url, "--host", "python"],
             cwd=REPO_ROOT,
@@ -172,7 +172,7 @@ async def test_a_step_failing_after_acquire_still_destroys_the_lease() -> None:
         sandboxes = (await emulator.admin.state())["sandboxes"]
     out = result.stdout.decode()
     assert result.returncode == 1, out + result.stderr.decode()
-    failed = re.search(r"^\[11\] Resume the same sandbox\n(?:.*\n)*?\s+FAILED after", out, re.M)
+    failed = re.search(r"^\[10\] Release with reuse.*\n(?:.*\n)*?\s+FAILED after", out, re.M)
     assert failed is not None, out
     match = re.search(r"cleanup: destroying sandbox (sb_\w+)", out)
     assert match is not None, out

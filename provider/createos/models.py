@@ -62,6 +62,9 @@ class SandboxView(msgspec.Struct, frozen=True):
     # from: how a fork, which takes no name, is found again (provider.driver.forks).
     envs: Any = None
     forked_from: Any = None
+    # The outbound allowlist as CreateOS holds it: resume skips its PUT when it already
+    # equals the lease's stored list (provider.driver.leases).
+    egress: Any = None
 
     @property
     def env_keys(self) -> frozenset[str]:

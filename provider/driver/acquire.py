@@ -6,30 +6,29 @@ environment is bound to a snapshot template, forks that (8.4, :mod:`provider.dri
 waits for ``running``, prepares the workspace and writes a random marker that resume reads
 back. Every refusal happens before the first HTTP request. Whatever fails after the create or
 fork deletes the sandbox again; a create or fork whose outcome is unknown is looked up by its
-token (name or fork token) and deleted. Setup sessions (:mod:`provider.driver.templates`)
-provision the same way.
+token (name or fork token) and deleted (:mod:`provider.driver.create_outcome`). Setup sessions
+(:mod:`provider.driver.templates`) provision the same way.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.createos.errors import APIStatusError, InvalidIdentifier
-from provider.createos.models import SandboxView
 from provider.createos.wire import Wire
+from provider.driver.create_outcome import create_sandbox, delete_after_failure, fork_sandbox
 from provider.driver.create_watch import watch_creates
-from provider.driver.forks import ForkRefused, carries_token, fork_template, fork_token
+from provider.driver.forks import fork_token
 from provider.driver.journal import LeaseJournal
 from provider.driver.params import AcquireParams
 from provider.driver.placement import Placement, plan_placement
 from provider.driver.recovery import recover_orphans
 from provider.driver.reuse import name_token
+from provider.driver.running import when_running
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -38,12 +37,10 @@ from provider.driver.runtime import (
     bind_call,
     deadline,
 )
-from provider.driver.sandbox_ops import delete_sandbox_confirmed, transition
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 
 MARKER_DIR = f"{ROOT}/.paperclip-runtime"
 MARKER_PATH = f"{MARKER_DIR}/.paperclip-createos-lease"
-CLEANUP_DEADLINE_CAP = 60.0
 
 LeaseHook = Callable[[BoundCall, str], None]
 """Told the call and the lease id of a reusable or kept lease; returns at once."""
@@ -185,155 +182,32 @@ async def prepare_sandbox(
     window), prepare the workspace and write a fresh marker, which is returned. Any failure
     deletes the sandbox before the error propagates."""
     try:
-        if status != "running":  # a create that answered running needs no read to confirm it
-            await transition(client, sandbox_id, "running")
-        if patch:
-            await client.patch_sandbox(sandbox_id, **patch)
+        if patch:  # a fork, patched once a read shows it running (it answers forking)
+            await when_running(
+                client,
+                sandbox_id,
+                status or "running",
+                lambda: client.patch_sandbox(sandbox_id, **patch),
+            )
+            status = "running"
         # One request prepares the workspace and writes the marker (36 bytes, no newline): the
-        # marker is a fresh UUID (hex and dashes only), so it needs no quoting.
+        # marker is a fresh UUID (hex and dashes only), so it needs no quoting. A create that
+        # answered running, or no status at all (the TS SDK's body: it answers once booted),
+        # gets no read first: the exec is the read, and its 409 (nothing ran) makes us poll.
         marker = str(uuid.uuid4())
         script = f"mkdir -p -- '{MARKER_DIR}' && printf '%s' '{marker}' > '{MARKER_PATH}'"
-        prepared = await client.exec(sandbox_id, "/bin/bash", ["-lc", script])
+        prepared = await when_running(
+            client,
+            sandbox_id,
+            status or "running",
+            lambda: client.exec(sandbox_id, "/bin/bash", ["-lc", script]),
+        )
         if prepared.exit_code != 0:
             raise ProviderError(
                 f"Could not prepare {ROOT} in the sandbox (exit code {prepared.exit_code}); the "
                 "image must provide bash and coreutils."
             )
     except BaseException as exc:
-        await _delete_after_failure(client, sandbox_id, call, exc)
+        await delete_after_failure(client, sandbox_id, call, exc)
         raise
     return marker
-
-
-async def create_sandbox(
-    client: CreateOSClient,
-    call: BoundCall,
-    placement: Placement,
-    token: str,
-    *,
-    on_unresolved: Callable[[], None] | None = None,
-    wire: Wire | None = None,
-) -> tuple[str, str | None]:
-    """POST the sandbox (its id and the status it answered); when the outcome is unknown (its
-    request was sent: ``wire``), find it by its name token and delete it.
-
-    ``on_unresolved`` is called when the lookup found nothing: the create may still land later
-    (a request that timed out on our side can still be served), so absence proves nothing yet.
-    """
-    config = call.config
-    wire = wire if wire is not None else Wire()
-    async with _found_if_unknown(
-        client,
-        call,
-        definite=lambda exc: _rejected(exc) or not wire.sent,
-        matches=lambda view: view.name == token,
-        what="Creating the sandbox",
-        look_for=f"a sandbox named {token}",
-        on_unresolved=on_unresolved,
-    ):
-        return await client.create_sandbox_status(
-            shape=config.shape,
-            name=token,
-            rootfs=placement.rootfs,
-            region=config.region,
-            wire=wire,
-            **placement.create_fields(),
-        )
-
-
-async def fork_sandbox(
-    client: CreateOSClient,
-    call: BoundCall,
-    placement: Placement,
-    source_id: str,
-    token: str,
-    *,
-    on_unresolved: Callable[[], None] | None = None,
-) -> tuple[str, str | None]:
-    """Fork the template ``source_id`` carrying ``token`` (its id and answered status); when
-    the outcome is unknown, find the fork by its token and delete it (``on_unresolved`` as
-    for :func:`create_sandbox`)."""
-    async with _found_if_unknown(
-        client,
-        call,
-        definite=lambda exc: _rejected(exc) or isinstance(exc, ForkRefused | InvalidIdentifier),
-        matches=lambda view: carries_token(view, token, source_id),
-        what=f"Forking template {source_id}",
-        look_for=f"a sandbox forked from {source_id} with the env key {token}",
-        on_unresolved=on_unresolved,
-    ):
-        return await fork_template(client, source_id, placement, token)
-
-
-def _rejected(exc: BaseException) -> bool:
-    return isinstance(exc, APIStatusError) and exc.rejected
-
-
-@asynccontextmanager
-async def _found_if_unknown(
-    client: CreateOSClient,
-    call: BoundCall,
-    *,
-    definite: Callable[[BaseException], bool],
-    matches: Callable[[SandboxView], bool],
-    what: str,
-    look_for: str,
-    on_unresolved: Callable[[], None] | None,
-) -> AsyncIterator[None]:
-    """Around a create or fork: when it fails other than ``definite``ly (a 5xx but 503, a transport
-    failure, a malformed answer, the deadline or a cancellation mid-call), its outcome is
-    unknown, so delete every sandbox that ``matches`` (it carries the request's token), then
-    let the failure propagate. ``on_unresolved`` is called when none was found; a lookup or
-    delete that fails raises :class:`CleanupUnconfirmed`."""
-    try:
-        yield
-    except BaseException as cause:
-        if definite(cause):
-            raise  # a definite answer: nothing was made
-        found = False
-
-        async def reap() -> None:
-            nonlocal found
-            for view in await client.list_sandboxes():
-                if matches(view):
-                    found = True
-                    await delete_sandbox_confirmed(client, view.id)
-
-        if not await _cleaned_up(call, reap):
-            raise CleanupUnconfirmed(
-                f"{what} failed ({_reason(cause)}), but the sandbox may exist anyway; checking "
-                f"for it failed too. Look for {look_for} in CreateOS and delete it."
-            ) from cause
-        if not found and on_unresolved is not None:
-            on_unresolved()
-        raise
-
-
-async def _delete_after_failure(
-    client: CreateOSClient, sandbox_id: str, call: BoundCall, cause: BaseException
-) -> None:
-    if not await _cleaned_up(call, lambda: delete_sandbox_confirmed(client, sandbox_id)):
-        raise CleanupUnconfirmed(
-            f"Setting up sandbox {sandbox_id} failed ({_reason(cause)}) and deleting it failed "
-            f"too: the sandbox may be left behind. Delete {sandbox_id} in CreateOS."
-        ) from cause
-
-
-async def _cleaned_up(call: BoundCall, cleanup: Callable[[], Awaitable[None]]) -> bool:
-    """Run ``cleanup`` under a fresh, shielded, bounded scope (it must run even after a
-    cancel, and end within the host's budget); whether it finished without a provider error."""
-    with call.cleanup_bound(_cleanup_timeout(call)).scope():
-        try:
-            await cleanup()
-            return True
-        except ProviderError:
-            pass
-    return False
-
-
-def _reason(cause: BaseException) -> str:
-    return str(cause) if isinstance(cause, ProviderError) else "it was interrupted"
-
-
-def _cleanup_timeout(call: BoundCall) -> float:
-    return min(call.timeout, CLEANUP_DEADLINE_CAP)

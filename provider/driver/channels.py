@@ -6,6 +6,13 @@ one-byte start gate read from the process's stdin, so nothing the child prints c
 before the output stream is attached; the stdin then stays open for the host's writes. Stdout
 goes to the host raw, as padded base64 chunks of at most 196,608 bytes; stderr never mixes with
 it (it would corrupt the framing) and goes to ``log`` lines instead, bounded per channel.
+
+Requests: an open is 3 (create, connect, the gate's ``/input``), a write 1 ``/input`` (writes
+queued behind one in flight share the next), a close 2 (``stdin/close``, then one confirmed
+DELETE; none when the child already ended), a stop 1. The gate is the one request that could go,
+and stays: the journal replays from ``after=0``, but only its last ~1 MiB, and a child that
+prints from its first instant (``exec yes``) overruns that within the round trip before the
+connect, which then answers 410 and the open fails: output the gate would have kept.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ which the API itself does not track. The wrapper (:func:`stream_wrapper`):
 - refuses to start when a kill for its token came first (a tombstone in :data:`CANCELLED_DIR`),
   so a request that reaches the sandbox after its cancellation runs nothing;
 - starts the command in a process group of its own (``set -m``), as the child of a holder that
-  never reaps it (``exec sleep``), so that when the leader exits it stays a zombie whose raw wait
+  never reaps it (``exec sleep``; the command waits until its parent has become that ``sleep``,
+  or the parent's bash could reap a command that ends at once), so that when the leader exits
+  it stays a zombie whose raw wait
   status the wrapper reads from ``/proc/<pid>/stat`` (field 52): exit code and signal are told
   apart exactly, which ``$?`` cannot do;
 - enforces the timeout with its own clock: it kills the tree (:data:`KILL_FUNCTIONS`) and says so;
@@ -22,7 +24,7 @@ which the API itself does not track. The wrapper (:func:`stream_wrapper`):
 
 The kill (:func:`kill_script`, and the wrapper's timeout) sends SIGTERM to every process that
 carries the token or is in the process group of one that does, when that group's leader carries
-it, is gone or is the child of a carrier (the command's own group), waits up
+it or is the child of a carrier (the command's own group, while its leader lives), waits up
 to 1 s, then SIGKILL, and scans again: it prints ``paperclip-kill found=N left=M``, and only
 ``left=0`` is a confirmed kill. A process that scrubbed its environment and left the group is out
 of reach (RELIABILITY.md says so).
@@ -49,10 +51,11 @@ from outside leaves nothing running for long."""
 
 StreamStdin = Literal["none", "inline", "file"]
 
-# The tree: token carriers, and every member of a group that one of them is in whose leader
-# carries the token, is gone (the command's group once its leader exited) or is the child of a
-# carrier (the command's leader, child of the wrapper's holder). Never the caller's own group.
-# Zombies are dead already.
+# The tree: token carriers, and every member of a group that one of them is in whose live leader
+# carries the token or is the child of a carrier (the command's leader, child of the wrapper's
+# holder), plus the group the caller names (the wrapper's timeout names the command's). Never the
+# caller's own group. A group whose leader is gone is not taken on the carriers' word: the exec
+# server may run every exec in one group. Zombies are dead already.
 KILL_FUNCTIONS = r"""
 pc_scan() {
   pc_v=()
@@ -73,7 +76,7 @@ pc_scan() {
   [[ -n $2 ]] && grp[$2]=1
   for p in "${!car[@]}"; do
     g=${pg[$p]}
-    [[ -n ${car[$g]} || -z ${live[$g]} || -n ${car[${pp[$g]}]} ]] && grp[$g]=1
+    [[ -n ${car[$g]} || ( -n ${pp[$g]} && -n ${car[${pp[$g]}]} ) ]] && grp[$g]=1
   done
   unset "grp[$own]"
   for p in "${!live[@]}"; do
@@ -113,6 +116,16 @@ pc_wait() {
     fi
     read -r -t $d -u $pc_h; (( $? > 128 )) || r=eof
     case $d in 0.001) d=0.002;; 0.002) d=0.005;; 0.005) d=0.01;; 0.01) d=0.02;; *) d=0.05;; esac
+  done
+}
+pc_held() {
+  local s f c n=0
+  while :; do
+    { read -r s < /proc/$BASHPID/stat; } 2>/dev/null || return
+    f=(${s##*) }); { read -r c < /proc/${f[1]}/comm; } 2>/dev/null || return
+    [[ $c == sleep ]] && return
+    ((++n > 100)) && sleep 0.001
+    ((n > 3000)) && return
   done
 }
 pc_now() {
@@ -179,7 +192,8 @@ def stream_wrapper(
         lines.append(f"cd -- {quote(cwd)} || {{ pc_end exit=1; exit 1; }}")
     lines += [
         f"pc_now; pc_t0=$pc_us; pc_limit={limit_us}",
-        f"exec {{pc_h}}< <(set -m; {' '.join(words)} <&6 >&7 2>&8 6<&- 7>&- 8>&- & "
+        f"exec {{pc_h}}< <(set -m; {{ pc_held; {' '.join(['exec', *words])}; }} "
+        "<&6 >&7 2>&8 6<&- 7>&- 8>&- & "
         f'printf \'%s %s\\n\' "$BASHPID" "$!"; '
         f"exec sleep {hold} </dev/null 2>/dev/null 6<&- 7>&- 8>&-)",
         "exec 6<&- 7>&- 8>&-",

@@ -2,10 +2,12 @@
 2.9-2.10). Acquire lives in :mod:`provider.driver.acquire`.
 
 Resume proves the sandbox is still ours (the marker written at acquire) after re-applying the
-lease's stored egress list; a lease whose placement no longer matches the config is gone without
-a request. Release keeps a keepable lease (:mod:`provider.driver.placement`): *warm* (window of
-60 s or more: every process tree is confirmed gone, the sandbox keeps running until CreateOS
-idle-pauses it) or paused (window 0); any other lease is deleted, and destroy always deletes.
+lease's stored egress list (when the sandbox holds another); a lease whose placement no longer
+matches the config is gone without a request. Release keeps a keepable lease
+(:mod:`provider.driver.placement`): *warm* (window of 60 s or more: every process tree is
+confirmed gone, the sandbox keeps running until CreateOS idle-pauses it) or paused (window 0);
+any other lease is deleted, and destroy always deletes. Resume and the pausing release make no
+request that the next one makes redundant (:mod:`provider.driver.running`).
 Every refusal happens before the first HTTP request. The ``on_kept`` hook tells the reaper
 about kept sandboxes; it must not wait.
 """
@@ -23,8 +25,15 @@ from provider.createos.errors import NotFound
 from provider.driver import gone
 from provider.driver.acquire import MARKER_PATH, LeaseHook
 from provider.driver.params import LeaseIdParams, LeaseParams
-from provider.driver.placement import is_keepable, is_warm, placement_changed, stored_egress
+from provider.driver.placement import (
+    egress_in_place,
+    is_keepable,
+    is_warm,
+    placement_changed,
+    stored_egress,
+)
 from provider.driver.recovery import claim_lease
+from provider.driver.running import pause_until_paused, read_view, when_running
 from provider.driver.runtime import (
     PROVIDER_NAME,
     ROOT,
@@ -34,13 +43,7 @@ from provider.driver.runtime import (
     deadline,
     owned_scope,
 )
-from provider.driver.sandbox_ops import (
-    SandboxStateError,
-    delete_sandbox_confirmed,
-    read_status,
-    stop_every_tree,
-    transition,
-)
+from provider.driver.sandbox_ops import SandboxStateError, delete_sandbox_confirmed, stop_every_tree
 from provider.driver.tracker import ScopeKey
 from provider.errors import RequestRefused
 
@@ -72,19 +75,24 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
     async with runtime.client_factory(call.config, call.api_key) as client:
         with deadline(min(call.timeout, RESUME_DEADLINE_CAP), "Resuming the CreateOS sandbox"):
             try:
-                status = await read_status(client, sandbox_id)
-                if status == "destroyed":
+                view = await read_view(client, sandbox_id)
+                if view.status == "destroyed":
                     await runtime.gone.mark(scope, gone.NOT_FOUND)
-                if status in ("destroyed", "failed"):
+                if view.status in ("destroyed", "failed"):
                     return GONE
-                if status == "destroying":  # transient: it does not prove the sandbox gone yet
+                if view.status == "destroying":  # transient: it does not prove the sandbox gone
                     raise SandboxStateError(
                         f"Sandbox {sandbox_id} is destroying and cannot become running.",
-                        status=status,
+                        status=view.status,
                     )
-                await client.put_egress(sandbox_id, egress)  # before it runs again (2.9.4)
-                await transition(client, sandbox_id, "running")
-                check = await client.exec(sandbox_id, "/bin/cat", [MARKER_PATH])
+                if not egress_in_place(view.egress, egress):  # before it runs again (2.9.4)
+                    await client.put_egress(sandbox_id, egress)
+                check = await when_running(
+                    client,
+                    sandbox_id,
+                    view.status,
+                    lambda: client.exec(sandbox_id, "/bin/cat", [MARKER_PATH]),
+                )
             except NotFound:
                 await runtime.gone.mark(scope, gone.NOT_FOUND)
                 return GONE
@@ -137,7 +145,7 @@ async def release(
                     await _stop_every_tree(runtime, client, scope)
             else:
                 with deadline(call.timeout, "Pausing the CreateOS sandbox"):
-                    await transition(client, sandbox_id, "paused")
+                    await pause_until_paused(client, sandbox_id)
         except NotFound:
             await runtime.gone.mark(scope, gone.NOT_FOUND)
             return {"providerLeaseId": sandbox_id, "state": "destroyed"}

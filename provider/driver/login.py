@@ -2,10 +2,13 @@
 120x30 pseudo-terminal of the lease's sandbox, relayed to the Paperclip UI.
 
 The command is one of a closed map (the host has checked the key too); it runs with ``HOME``
-(and ``CODEX_HOME`` / ``GROK_HOME``) pointing at the login's session home, which is created
-first. Output is decoded incrementally (UTF-8, replacement) into ``loginPty.output`` chunks of
-at most 500,000 code points; after 8 Mi UTF-16 units the session is stopped (the host would end
-the route anyway). Input is text, typed into the terminal as UTF-8 in 256 KiB requests.
+(and ``CODEX_HOME`` / ``GROK_HOME``) pointing at the login's session home, which the same script
+creates first (``mkdir -p -m 700``; on failure the terminal shows why and the session exits
+125), so an open costs two requests: the process create and the output stream's connect, with
+no start gate since the stream replays from ``after=0``. Output is decoded incrementally (UTF-8,
+replacement) into ``loginPty.output`` chunks of at most 500,000 code points; after 8 Mi UTF-16
+units the session is stopped (the host would end the route anyway). Input is text, typed into
+the terminal as UTF-8 in 256 KiB requests.
 """
 
 from __future__ import annotations
@@ -66,13 +69,20 @@ class LoginCloseParams(msgspec.Struct, kw_only=True):
     workerSessionId: str | None = None
 
 
+HOME_FAILED_EXIT: Final = 125  # the session home could not be created: the login never started
+
+
 def login_script(key: str, home: str) -> str:
-    """The ``bash -lc`` script of 6.1.3: find the program (127), resolve an asdf shim while
-    ``HOME`` is still the sandbox's, check it is executable (126), then ``exec`` it."""
+    """The ``bash -lc`` script of 6.1.2-3: create the session home (mode 700; else say so and
+    exit 125), find the program (127), resolve an asdf shim while ``HOME`` is still the
+    sandbox's, check it is executable (126), then ``exec`` it."""
     program, args, home_var = COMMANDS[key]
     homes = f"HOME={quote(home)}" + (f" {home_var}={quote(home)}" if home_var else "")
+    failed = quote(f"Creating the login's session home {home} failed.")
     return "\n".join(
         [
+            f"/bin/mkdir -p -m 700 -- {quote(home)} ||"
+            f" {{ printf '%s\\n' {failed} >&2; exit {HOME_FAILED_EXIT}; }}",
             f"p=$(command -v -- {quote(program)}) || exit 127",
             "case $p in /*) ;; *) exit 127 ;; esac",
             "case $p in */.asdf/shims/*)",
@@ -157,20 +167,10 @@ class LoginTerminals:
         target: OpenTarget = self.interactive.check_open(KIND, p, "loginPtyOpen")
         session = self.interactive.new_session(LoginSession, KIND, target, "pty")
         script = login_script(p.loginCommandKey, p.sessionHome)
-        home = p.sessionHome
 
         async def start(s: RemoteSession) -> None:
-            made = await s.client.exec(
-                s.scope.lease_id, "/bin/mkdir", ["-p", "-m", "700", "--", home]
-            )
-            if made.exit_code != 0:
-                raise RequestRefused(
-                    f"Creating the login's session home failed (exit {made.exit_code})."
-                )
             await start_process(s, script=script, login=True, pty=PTY_SIZE)
-            self.interactive.start_reader(
-                s, target.window
-            )  # replays from the start: no gate needed
+            self.interactive.start_reader(s, target.window)  # replays from after=0: no gate
 
         return await self.interactive.open(
             session, target, start, {"workerSessionId": session.session_id}

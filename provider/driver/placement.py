@@ -4,7 +4,8 @@
 - **Egress** (2.9): the environment's base allowlist plus the run's ``networkEgress`` grants
   (``allowFqdns``, ``allowCidrs``), unique and in order; once any rule other than ``*`` remains,
   every ``*`` is dropped, and ``["*"]`` alone becomes ``[]`` (allow all). Both lists are kept in
-  the lease metadata; resume re-applies the stored effective list.
+  the lease metadata; resume re-applies the stored effective list unless the sandbox already
+  holds it (:func:`egress_in_place`).
 - **Warm window** (2.10): a reusable lease (reuse on, an execution workspace and an agent) is
   created with ``auto_pause_after_seconds`` when the window is at least 60 s, and released warm;
   with window 0 it is paused at release, as before. Disposable leases have no window.
@@ -156,6 +157,15 @@ def stored_egress(metadata: Mapping[str, Any]) -> list[str] | None:
         return [normalize_rule(rule) for rule in stored]
     except RuleError:
         return None
+
+
+def egress_in_place(current: object, stored: Sequence[str]) -> bool:
+    """Whether a sandbox view's ``egress`` (``current``) already is the ``stored`` effective
+    list, so resume needs no PUT (2.9.4): the same list, or allow-all either way (``[]``
+    stored, ``["*"]`` held: a fork's allow-all, 2.9.3). Anything else, absent included, is not."""
+    if not isinstance(current, list):
+        return False
+    return current == list(stored) or (not stored and current == ["*"])
 
 
 def placement_changed(config: EnvironmentConfig, metadata: Mapping[str, Any]) -> bool:

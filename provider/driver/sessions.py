@@ -10,9 +10,12 @@ Login terminals (:mod:`provider.driver.login`) and duplex channels
 - the reader follows the process's output to its end, forwards it (the subclass decides how),
   and then sends exactly one exit notification, after the last output. A stream that fails
   kills the process tree first;
-- :meth:`RemoteSession.stop` sends SIGTERM, then ``DELETE ?grace_ms=1000`` under a fresh,
-  shielded deadline, which must confirm the tree is gone; otherwise the lease is poisoned and
-  :class:`CleanupUnconfirmed` says so. Then the reader is cancelled (its exit still goes out).
+- :meth:`RemoteSession.stop` is one ``DELETE ?grace_ms=1000`` under a fresh, shielded
+  deadline (CreateOS sends SIGTERM to the whole tree, SIGKILL after the grace), which must
+  confirm the tree is gone; otherwise the lease is poisoned and :class:`CleanupUnconfirmed` says
+  so. Then the reader is cancelled (its exit still goes out). No separate ``/signal SIGTERM``
+  goes first: the DELETE's own SIGTERM reaches every process it would have (the process group,
+  or a terminal's foreground job) and more, so it would only cost a request.
 
 The reader alone sends notifications for its session, so their order and the single exit hold
 without locks; the host kills the worker on a frame for a pair it never bound, which is why
@@ -213,7 +216,7 @@ class RemoteSession:
     # -- stop ----------------------------------------------------------------------------------
 
     async def stop(self, before: Callable[[], Awaitable[None]] | None = None) -> None:
-        """SIGTERM, then a confirmed tree kill; a stop of an ended session does nothing.
+        """A confirmed tree kill (one DELETE); a stop of an ended session does nothing.
         ``before`` runs first, under the same lock (a close's stdin close).
 
         Raises :class:`CleanupUnconfirmed` (after poisoning the lease) when the kill cannot be
@@ -230,10 +233,6 @@ class RemoteSession:
             with anyio.CancelScope(shield=True):
                 confirmed = False
                 with anyio.move_on_after(STOP_DEADLINE):
-                    with contextlib.suppress(ProviderError):
-                        await self.client.signal_process(
-                            self.scope.lease_id, self.process_id, "SIGTERM"
-                        )
                     confirmed = await self._kill()
                 self.reader_scope.cancel()
                 with anyio.move_on_after(EXIT_DEADLINE):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -76,6 +77,7 @@ class _Run:
     end: EndStatus | None = None
     problem: str | None = None  # why the stream is lost, when it is
     exit_frame: int | None = None
+    open_timed_out: bool = False  # the command's timeout passed before its stream opened
     stdout: TailBuffer = field(default_factory=TailBuffer)
     stderr: TailBuffer = field(default_factory=TailBuffer)
     scanners: dict[str, EndScanner] = field(default_factory=dict)
@@ -166,10 +168,20 @@ async def run_streamed(
             if staged is not None:
                 await client.put_file(sandbox_id, staged, plan.data)
             try:
-                async with client.exec_stream(
-                    sandbox_id, "/usr/bin/env", plan.argv, stdin=plan.stdin, wire=run.exec_wire
-                ) as events:
-                    await _follow(events, run, on_output)
+                async with AsyncExitStack() as stack:
+                    # Waiting for a turn in the rate-limit queue counts against the command's
+                    # own timeout, as it always did; the run is then the wrapper's to time.
+                    events = None
+                    with anyio.move_on_after(timeout) as opening:
+                        events = await stack.enter_async_context(
+                            client.exec_stream(
+                                sandbox_id, "/usr/bin/env", plan.argv, stdin=plan.stdin,
+                                wire=run.exec_wire,
+                            )
+                        )  # fmt: skip
+                    run.open_timed_out = opening.cancelled_caught
+                    if events is not None:
+                        await _follow(events, run, on_output)
             except CreateOSError as exc:
                 if not run.exec_wire.sent:
                     raise  # refused (a status below 500, or 429/503 after retries): nothing ran
@@ -178,7 +190,8 @@ async def run_streamed(
         await _cleanup(client, sandbox_id, token, run, staged, cleanup, record)
     if run.end is not None and run.end.kind in ("exit", "signal"):
         return run.result()
-    if (run.end is not None and run.end.kind == "timeout") or timer.cancelled_caught:
+    timed_out = timer.cancelled_caught or run.open_timed_out
+    if (run.end is not None and run.end.kind == "timeout") or timed_out:
         if not run.exec_wire.sent:
             raise RateLimitQueued(
                 f"The command did not start within its {timeout:g} s timeout: its request was "

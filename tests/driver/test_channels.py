@@ -130,29 +130,39 @@ async def test_close_closes_stdin_stops_the_child_and_answers_the_pair(harness: 
     assert await h.methods.channels.close({"hostRouteId": ROUTE}) == answer
     other = await open_channel(h, lease, ["true"], route="duplex-route-2")
     await until(lambda: bool(notes(h, "duplexChannel.exit", "duplex-route-2")))
+    count = await h.request_count()
     assert await h.methods.channels.close({"hostRouteId": "duplex-route-2"}) == {
         "hostRouteId": "duplex-route-2",
         "workerSessionId": other,
     }
+    assert await h.request_count() == count  # nothing left to close or kill
     assert await h.methods.channels.close({"hostRouteId": "duplex-route-77"}) == {
         "hostRouteId": "duplex-route-77"
     }
 
 
-async def test_stop_sends_sigterm_then_a_confirmed_delete_and_later_stops_do_nothing(
+async def test_stop_is_one_confirmed_delete_that_terms_first_and_later_stops_do_nothing(
     harness: Harness,
 ) -> None:
+    """The DELETE's own SIGTERM (before its SIGKILL grace) is what lets the child end cleanly:
+    its TERM trap runs; no separate /signal request goes first."""
     h = harness
     lease = await h.acquire()
-    session = await open_channel(h, lease, ["sleep", "1000"])
+    trap = "trap 'touch /paperclip-workspace/termed; exit 0' TERM; while :; do sleep 0.1; done"
+    session = await open_channel(h, lease, ["bash", "-c", trap])
     pair = {"hostRouteId": ROUTE, "workerSessionId": session}
+    before = await h.request_count()
     await h.methods.channels.stop(pair)
-    process_calls = [
-        (r["method"], r["path"].rsplit("/", 1)[-1])
-        for r in await h.emulator.admin.requests()
-        if "/processes/" in r["path"]
+    stop_calls = [
+        (r["method"], r["path"].rsplit("/", 1)[-1], r["query"])
+        for r in (await h.emulator.admin.requests())[before:]
     ]
-    assert process_calls[-2][1] == "signal" and process_calls[-1][0] == "DELETE"
+    assert len(stop_calls) == 1
+    assert stop_calls[0][0] == "DELETE" and "grace_ms=1000" in stop_calls[0][2]
+    termed = await h.methods.execute(
+        {**h.with_lease(lease), "command": "test", "args": ["-e", "/paperclip-workspace/termed"]}
+    )
+    assert termed["exitCode"] == 0
     (exit_note,) = notes(h, "duplexChannel.exit", ROUTE)
     assert exit_note["exitCode"] is None
     count = await h.request_count()

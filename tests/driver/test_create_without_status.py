@@ -1,8 +1,9 @@
 """Acquire when the create answer names no status (the body the TS SDK describes).
 
-The emulator's ``create_omits_status`` setting answers the create without ``status``; the
-driver must then read the sandbox until it is ``running`` before preparing the workspace
-(createos-api.md 3.1: the client reads only ``data.id`` and polls).
+The emulator's ``create_omits_status`` setting answers the create without ``status``. The TS
+SDK says such a create answers once the sandbox is booted, so the driver prepares the workspace
+at once without a read; an exec refused with 409 (the sandbox was not running yet: nothing ran)
+makes it read the sandbox until it is ``running`` and run the exec then.
 """
 
 from __future__ import annotations
@@ -33,14 +34,13 @@ async def acquire_requests(h: Harness) -> tuple[str, list[str]]:
     return sandbox_id, seen
 
 
-async def test_acquire_reads_the_status_a_create_did_not_name(harness: Harness) -> None:
+async def test_acquire_without_a_status_runs_the_workspace_exec_at_once(harness: Harness) -> None:
     h = harness
     await h.emulator.admin.settings(create_omits_status=True)
     sandbox_id, seen = await acquire_requests(h)
     assert seen == [
         "POST /v1/sandboxes",
-        "GET /v1/sandboxes/{id}",  # the status the create did not name
-        "POST /v1/sandboxes/{id}/exec",  # workspace and marker
+        "POST /v1/sandboxes/{id}/exec",  # workspace and marker: the read that shows running
     ]
     assert sandbox_id.startswith("sb_")
 
@@ -75,8 +75,10 @@ async def test_acquire_polls_a_create_without_status_until_running(harness: Harn
     sandbox_id = str(lease["providerLeaseId"])
     assert sandbox_id == booted[0]["id"]
     rows = (await h.emulator.admin.requests())[since:]
-    seen = [r["method"] for r in rows if sandbox_id in r["path"]]
-    assert set(seen[:-1]) == {"GET"} and len(seen) >= 4 and seen[-1] == "POST"  # then the exec
+    seen = [(r["method"], r["status"]) for r in rows if sandbox_id in r["path"]]
+    # the exec refused while creating (nothing ran), reads until running, then the exec
+    assert seen[0] == ("POST", 409) and seen[-1] == ("POST", 200)
+    assert {method for method, _ in seen[1:-1]} == {"GET"} and len(seen) >= 4
     await h.methods.destroy(h.lease_ref(lease))
 
 

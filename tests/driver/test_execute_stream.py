@@ -119,7 +119,8 @@ async def test_release_mid_command_kills_the_tree_with_one_confirmed_kill(
         with anyio.fail_after(20):
             while ("stdout", "started\n") not in h.live_chunks():
                 await anyio.sleep(0.02)
-        receipt = await h.methods.release(h.lease_ref(lease, reuseLease=True))
+        ref = {**h.lease_ref(lease, reuseLease=True), "cancelActiveWork": True}
+        receipt = await h.methods.release(ref)
     assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "stopped"}
     assert len(outcome) == 1 and "cancelled" in str(outcome[0])
     requests = await h.emulator.admin.requests(since=seen)

@@ -215,8 +215,8 @@ async def test_waiting_for_a_state_already_reached_only_reads(harness: Harness) 
     since = await h.request_count()
     await h.methods.resume(h.lease_ref(lease, reuseLease=True))
     methods = [r["method"] for r in (await h.emulator.admin.requests())[since:]]
-    # pre-check, the stored egress re-applied, transition read, marker exec (2.4 HTTP order)
-    assert methods == ["GET", "PUT", "GET", "POST"]
+    # the pre-check read, then the marker exec: it already reads running with its egress
+    assert methods == ["GET", "POST"]
     await h.methods.destroy(h.lease_ref(lease))
 
 
@@ -318,7 +318,7 @@ async def test_probe_creates_runs_and_deletes(harness: Harness) -> None:
 
 
 async def test_probe_reports_failure_and_still_deletes(harness: Harness) -> None:
-    await harness.emulator.admin.add_fault("POST", r"/processes$", status=400)
+    await harness.emulator.admin.add_fault("POST", r"/exec$", status=400)
     result = await harness.methods.probe(harness.call())
     assert result["ok"] is False and "400" in result["summary"]
     assert await live_sandboxes(harness) == []

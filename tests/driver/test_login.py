@@ -80,8 +80,15 @@ async def test_codex_login_runs_in_a_120x30_terminal_with_the_session_home(
     await install_fake(h, lease)
     session_home = home()
     before = len(await h.emulator.admin.process_history())
+    count = await h.request_count()
     session = await open_login(h, lease, session_home=session_home)
     await until(lambda: bool(notes(h, "loginPty.exit", ROUTE)))
+    # the open is the create and the connect: the home is made by the login's own script
+    opened = [
+        (r["method"], r["path"].rsplit("/", 1)[-1])
+        for r in (await h.emulator.admin.requests())[count:]
+    ]
+    assert opened == [("POST", "processes"), ("GET", "connect")]
     text = output(h).replace("\r", "")
     assert (
         f"home={session_home} codex_home={session_home} term=xterm-256color "
@@ -97,8 +104,6 @@ async def test_codex_login_runs_in_a_120x30_terminal_with_the_session_home(
     started = (await h.emulator.admin.process_history())[before:]
     assert len(started) == 1 and started[0]["cwd"] == "/paperclip-workspace"
     assert started[0]["args"][0] == "-lc"
-    requests = await h.emulator.admin.requests()
-    assert any(r["path"].endswith("/exec") for r in requests)
     made = await h.methods.execute(
         {**h.with_lease(lease), "command": "stat", "args": ["-c", "%a", session_home]}
     )
@@ -172,13 +177,10 @@ async def test_stop_close_and_release_end_the_terminal(harness: Harness) -> None
     )
     session = await open_login(h, lease)
     await until(lambda: "ready" in output(h))
+    before = await h.request_count()
     await h.methods.login.stop({"workerSessionId": session})
-    calls = [
-        (r["method"], r["path"].rsplit("/", 1)[-1], r["query"])
-        for r in await h.emulator.admin.requests()
-        if "/processes/" in r["path"]
-    ]
-    assert calls[-2][1] == "signal" and calls[-1][0] == "DELETE" and "grace_ms=1000" in calls[-1][2]
+    calls = [(r["method"], r["query"]) for r in (await h.emulator.admin.requests())[before:]]
+    assert len(calls) == 1 and calls[0][0] == "DELETE" and "grace_ms=1000" in calls[0][1]
     assert notes(h, "loginPty.exit", ROUTE)[0]["exitCode"] is None
     with pytest.raises(RequestRefused):
         await h.methods.login.input({"workerSessionId": session, "data": "late"})

@@ -11,7 +11,7 @@ import pytest
 
 from provider.config import parse_config
 from provider.createos.models import SandboxView
-from provider.driver.placement import is_keepable
+from provider.driver.placement import egress_in_place, is_keepable
 from provider.driver.reuse import (
     ReapChoice,
     is_ours,
@@ -111,6 +111,26 @@ def test_release_keeps_only_with_reuse_on_now_and_a_reusable_lease(
 
 
 # -- the name tag ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "stored", "in_place"),
+    [
+        (["github.com", "10.0.0.0/8"], ["github.com", "10.0.0.0/8"], True),
+        ([], [], True),
+        (["*"], [], True),  # a fork's allow-all (2.9.3) is the stored allow-all
+        (["10.0.0.0/8", "github.com"], ["github.com", "10.0.0.0/8"], False),  # order counts
+        (["*"], ["github.com"], False),  # widened by someone: resume puts it back
+        ([], ["github.com"], False),
+        (["github.com"], [], False),
+        (None, [], False),  # the view did not say: PUT
+        ("github.com", ["github.com"], False),
+    ],
+)
+def test_resume_puts_the_egress_only_when_the_view_holds_another_list(
+    current: object, stored: list[str], in_place: bool
+) -> None:
+    assert egress_in_place(current, stored) is in_place
 
 
 def test_the_tag_is_the_first_twelve_hex_of_the_scope_hash() -> None:

@@ -119,12 +119,10 @@ async def test_two_syncs_on_one_lease_overlap_in_isolation_and_release_cancels_b
     assert len({r["query"] for r in puts}) == 2, "each sync has its own sandbox scratch path"
     # overlap: the second upload started before the first sync's last request
     second_put = requests.index(puts[1])
-    first_creates = [
-        i
-        for i, r in enumerate(requests)
-        if r["method"] == "POST" and r["path"].endswith("/processes")
+    commands = [
+        i for i, r in enumerate(requests) if r["method"] == "POST" and r["path"].endswith("/exec")
     ]
-    assert second_put < max(first_creates)
+    assert second_put < max(commands)
     listing = await sh(h, lease, "ls /paperclip-workspace/first /paperclip-workspace/second")
     assert listing["stdout"].count(".txt") == 7
 

@@ -96,7 +96,7 @@ SITES: tuple[Site, ...] = (
     Site("acquire.list", "GET /v1/sandboxes", "GET", r"^/v1/sandboxes$",
          "acquire (create response lost)", "acquire-lost-create", "idempotent", 1),
     Site("resume.get", "GET /v1/sandboxes/{id}", "GET", r"^/v1/sandboxes/[^/]+$",
-         "resume", "resume-running", "idempotent", 2, (*COMMON, "404", "503x4")),
+         "resume", "resume-running", "idempotent", 1, (*COMMON, "404", "503x4")),
     Site("destroy.delete", "DELETE /v1/sandboxes/{id}", "DELETE", r"^/v1/sandboxes/[^/]+$",
          "destroy", "destroy", "idempotent", 1, (*COMMON, "503x4")),
     Site("release.pause", "POST /v1/sandboxes/{id}/pause", "POST", r"/pause$",
