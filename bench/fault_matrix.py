@@ -36,7 +36,7 @@ from tests.reliability.fault_cells import (
 )
 from tests.reliability.fault_runner import CellResult, matrix_harness, run_cell
 
-SHORT = {"retried": "R", "surfaced": "S", "expired": "E", "poisoned": "P", "ok": "ok"}
+SHORT = {"retried": "R", "surfaced": "S", "lost": "L", "expired": "E", "poisoned": "P", "ok": "ok"}
 RESULT_PATH = REPO_ROOT / "bench" / "results" / "fault_matrix.json"
 
 
@@ -128,6 +128,7 @@ def main() -> None:
     print()
     print("R retried (succeeded, request log shows the retry)  S surfaced (error, lease intact)")
     print("E expired (resume answered providerLeaseId null)  P poisoned (refused until destroy)")
+    print("L lost (exec stream lost, its tree killed by token, confirmed; lease intact)")
     print("ok control run without fault  a!=b observed a, specified b  skip* emulator bug")
     for cell_id in skipped:
         print(f"  skip* {cell_id}: {KNOWN_EMULATOR_BUGS[cell_id]}")

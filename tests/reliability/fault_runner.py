@@ -3,13 +3,21 @@
 :func:`run_cell` sets the scenario up, injects the fault through the emulator's admin API, makes
 the host call, waits out any delayed request, then classifies the outcome *from observations*:
 
-- ``poisoned``: the call raised CleanupUnconfirmed, and then execute, sync and a reuse release
-  are refused with zero HTTP requests while destroy still deletes and clears the mark;
+- ``poisoned``: the call raised CleanupUnconfirmed (a release mid-command: the command did, and
+  the release refused to keep the lease), and then execute, sync and a reuse release are refused
+  with zero HTTP requests while destroy still deletes and clears the mark;
 - ``expired``: resume answered exactly "gone" and the sandbox was not deleted;
 - ``retried`` / ``ok``: the call gave its fault-free result, with one more matching request
   than the fault-free run (``ok``: exactly as many); a 429 retry waited for ``Retry-After``;
-- ``surfaced``: the call failed with an ordinary error (probe: ``ok: false``), a ``POST`` was not
-  repeated, and the same call then worked without the fault (lease intact).
+- ``surfaced``: the call failed with an ordinary error (probe: ``ok: false``), a ``POST`` was
+  repeated only after a 429 or 503, and the same call then worked without the fault (lease
+  intact); a refused exec stream was followed by no kill;
+- ``lost``: the call failed with CommandLost after exactly one kill exec (two when a 429 or 503
+  to it was retried), the exec stream was not repeated, and the lease still serves the call.
+
+A scenario that counts its command's runs (a line appended to a file in the sandbox) must show
+exactly one run for ``ok`` and ``retried``, none for ``surfaced``, at most one otherwise: a command
+that may have run is never run again (3.9 (c)).
 
 Anything else is reported as a descriptive mismatch. Afterwards the scenario destroys its lease
 and the emulator's state view must show no live sandbox, no live process tree, no orphan pid.
@@ -34,15 +42,16 @@ from provider.createos.pacer import RequestPacer
 from provider.driver.journal import LeaseJournal
 from provider.driver.runtime import DriverRuntime
 from provider.driver.service import DriverService
+from provider.driver.streamed import CommandLost
 from provider.emulator import Emulator
-from provider.errors import CleanupUnconfirmed, RequestRefused
+from provider.errors import RequestRefused
 from tests.driver.conftest import Harness
-from tests.reliability.fault_cells import Cell
+from tests.reliability.fault_cells import KILL_EXEC, Cell, Site
 from tests.reliability.fault_scenarios import SCENARIOS, Scenario
 
 API_KEY = "test-key"
 EMULATOR_SETTINGS = {"heartbeat_ms": 200}
-POST_KINDS = ("post", "create-sandbox", "create-process")
+REFUSALS = (429, 503)
 LEAK_SETTLE = 5.0
 
 
@@ -50,23 +59,38 @@ class TimeoutPlan:
     """Which requests get a short read timeout (those a ``timeout`` fault delays)."""
 
     def __init__(self) -> None:
-        self.method: str | None = None
-        self.pattern: re.Pattern[str] | None = None
+        self.target: tuple[str, str, str | None] | None = None  # method, path regex, query
         self.read = 0.0
-        self.sent: list[tuple[float, str, str]] = []  # every attempt: (time, method, path)
+        self.sent: list[tuple[float, str, str, str]] = []  # attempts: (time, method, path, query)
 
-    def set(self, method: str, path_regex: str, read: float) -> None:
-        self.method, self.pattern, self.read = method, re.compile(path_regex), read
+    def set(self, method: str, path_regex: str, read: float, query: str | None = None) -> None:
+        self.target, self.read = (method, path_regex, query), read
 
     def clear(self) -> None:
-        self.method = self.pattern = None
+        self.target = None
 
     def applies(self, request: httpx.Request) -> bool:
-        return (
-            self.pattern is not None
-            and request.method == self.method
-            and self.pattern.search(request.url.path) is not None
+        url = request.url
+        return self.target is not None and matches(
+            *self.target, request.method, url.path, url.query.decode()
         )
+
+
+def matches(
+    method: str, path_regex: str, query: str | None, r_method: str, r_path: str, r_query: str
+) -> bool:
+    """Whether a request (``r_*``) has ``method``, a path ``path_regex`` finds, and ``query``
+    as its query string (None: any)."""
+    return (
+        r_method == method
+        and re.search(path_regex, r_path) is not None
+        and (query is None or r_query == query)
+    )
+
+
+def site_matches(site: Site, method: str, path: str, query: str) -> bool:
+    """Whether a request (method, path, query string) is one of ``site``'s."""
+    return matches(site.method, site.path_regex, site.query, method, path, query)
 
 
 class PlannedTimeouts(httpx.AsyncBaseTransport):
@@ -77,7 +101,8 @@ class PlannedTimeouts(httpx.AsyncBaseTransport):
         self._plan = plan
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self._plan.sent.append((time.time(), request.method, request.url.path))
+        url = request.url
+        self._plan.sent.append((time.time(), request.method, url.path, url.query.decode()))
         if self._plan.applies(request):
             timeouts = dict(request.extensions.get("timeout", {}))
             timeouts["read"] = self._plan.read
@@ -106,15 +131,17 @@ async def matrix_harness(emulator: Emulator, state_dir: Path) -> AsyncIterator[M
     journal = LeaseJournal(state_dir / "leases.sqlite3")
     runtime = DriverRuntime(client_factory=client_factory, environ={}, journal=journal)
 
+    notifications: list[tuple[str, dict[str, Any]]] = []
+
     async def notify(method: str, params: dict[str, Any]) -> None:
-        return None
+        notifications.append((method, params))
 
     async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
         return None
 
     await emulator.admin.settings(**EMULATOR_SETTINGS)
     methods = DriverService(runtime, notify=notify, log=log)
-    yield MatrixHarness(emulator, methods, plan=plan, journal=journal)
+    yield MatrixHarness(emulator, methods, notifications, plan=plan, journal=journal)
 
 
 @dataclass
@@ -142,15 +169,15 @@ class CellResult:
 
 async def run_cell(h: MatrixHarness, cell: Cell, workdir: Path) -> CellResult:
     started = time.monotonic()
-    scenario = SCENARIOS[cell.site.scenario](h, workdir)
+    site, fault = cell.site, cell.fault
+    scenario = SCENARIOS[site.scenario](h, workdir)
     await scenario.setup()
     seq0 = await h.last_seq()
-    fault = cell.fault
     if fault.name != "none":
         if fault.read_timeout is not None:
-            h.plan.set(cell.site.method, cell.site.path_regex, fault.read_timeout)
+            h.plan.set(site.method, site.path_regex, fault.read_timeout, site.query)
         await h.emulator.admin.add_fault(
-            cell.site.method, cell.site.path_regex, times=fault.times, **fault.action
+            site.method, site.path_regex, times=fault.times, **fault.action
         )
     sent_before = len(h.plan.sent)
     value: Any = None
@@ -160,11 +187,10 @@ async def run_cell(h: MatrixHarness, cell: Cell, workdir: Path) -> CellResult:
     except Exception as exc:
         error = exc
     delay = fault.action.get("delay_ms", 0) / 1000
-    pattern = re.compile(cell.site.path_regex)
     delayed = [
         when
-        for when, method, path in h.plan.sent[sent_before:]
-        if method == cell.site.method and pattern.search(path)
+        for when, method, path, query in h.plan.sent[sent_before:]
+        if site_matches(site, method, path, query)
     ]
     if delay and delayed:  # let the held request land before counting requests or leaks
         await anyio.sleep(max(0.0, delayed[0] + delay + 0.5 - time.time()))
@@ -180,12 +206,11 @@ async def run_cell(h: MatrixHarness, cell: Cell, workdir: Path) -> CellResult:
     return CellResult(cell, observed, leaks, detail, time.monotonic() - started)
 
 
-async def matching(h: MatrixHarness, cell: Cell, seq0: int, seq1: int) -> list[dict[str, Any]]:
-    pattern = re.compile(cell.site.path_regex)
+async def matching(h: MatrixHarness, site: Site, seq0: int, seq1: int) -> list[dict[str, Any]]:
     return [
         e
         for e in await h.emulator.admin.requests(since=seq0)
-        if e["seq"] <= seq1 and e["method"] == cell.site.method and pattern.search(e["path"])
+        if e["seq"] <= seq1 and site_matches(site, e["method"], e["path"], e["query"])
     ]
 
 
@@ -198,12 +223,20 @@ async def classify(
     seq0: int,
     seq1: int,
 ) -> tuple[str, str]:
-    hits = await matching(h, cell, seq0, seq1)
-    count, normal = len(hits), cell.site.normal_count
-    detail = f"{count} matching request(s)" + (f"; error: {error}" if error else "")
+    site, fault = cell.site, cell.fault
+    hits = await matching(h, site, seq0, seq1)
+    execs = await matching(h, KILL_EXEC, seq0, seq1)
+    kills = sum(e["status"] not in REFUSALS for e in execs)  # buffered execs, retries not counted
+    count, normal = len(hits), site.normal_count
+    runs = await scenario.runs()
+    detail = f"{count} matching request(s), {kills} kill exec(s), {runs} run(s)" + (
+        f"; error: {error}" if error else ""
+    )
     if error is not None and API_KEY in str(error):
         return "key-in-error", detail
-    if isinstance(error, CleanupUnconfirmed) and scenario.lease is not None:
+    if runs is not None and runs > 1:
+        return f"the command ran {runs} times", detail
+    if scenario.unconfirmed(error) and scenario.lease is not None:
         problem = await poisoned_problem(h, scenario)
         return ("poisoned", detail) if problem is None else (f"poisoned, but {problem}", detail)
     if error is None and scenario.gone(value):
@@ -212,23 +245,59 @@ async def classify(
         if scenario.lease["providerLeaseId"] not in live:
             return "expired, but the sandbox was deleted", detail
         return "expired", detail
+    if isinstance(error, CommandLost):
+        return await classify_lost(cell, scenario, hits, kills), detail
     if scenario.succeeded(value, error):
-        if cell.fault.name == "none":
+        if runs is not None and runs != 1:
+            return f"succeeded, but the command ran {runs} times", detail
+        if site.kind == "exec-stream" and kills:
+            return f"succeeded, but with {kills} kill exec(s)", detail
+        if fault.name == "none":
             return ("ok", detail) if count == normal else (f"ok with {count} requests", detail)
         if count < normal + 1:
             return "succeeded without a retry", detail
-        if cell.fault.name == "429" and cell.site.kind != "stream":
-            gap = hits[1]["time"] - hits[0]["time"]
-            if hits[0]["status"] != 429 or gap < 0.9:
-                return f"retried after {gap:.2f} s, before Retry-After", detail
-        return "retried", detail
+        return late_429_retry(cell, hits) or "retried", detail
     if isinstance(error, RequestRefused):
         return "refused", detail
-    if cell.site.kind in POST_KINDS and count > normal:
+    if site.method == "POST" and any(hit["status"] not in REFUSALS for hit in hits[:-1]):
         return "surfaced, but the POST was repeated", detail
+    if site.kind == "exec-stream" and (kills != site.cleanup_execs or runs):
+        return f"surfaced, but after {kills} kill(s) and {runs} run(s)", detail
     if not await scenario.intact():
         return "surfaced, lease broken", detail
     return "surfaced", detail
+
+
+async def classify_lost(
+    cell: Cell, scenario: Scenario, hits: list[dict[str, Any]], kills: int
+) -> str:
+    """A CommandLost: one kill exec (two when the first was refused), the exec stream not
+    repeated, the lease still serving the call."""
+    site = cell.site
+    if site.kind == "kill-exec":
+        late = late_429_retry(cell, hits)
+        if late is not None:
+            return late
+        want, got = 1 + (cell.fault.name in ("429", "503")), len(hits)
+    elif len(hits) != site.normal_count:
+        return f"lost, but the exec stream was sent {len(hits)} times"
+    else:
+        want, got = 1 + site.cleanup_execs, kills
+    if got != want:
+        return f"lost, after {got} kill exec(s) instead of {want}"
+    if not await scenario.intact():
+        return "lost, lease broken"
+    return "lost"
+
+
+def late_429_retry(cell: Cell, hits: list[dict[str, Any]]) -> str | None:
+    """A mismatch when a request answered 429 was repeated before its ``Retry-After``."""
+    if cell.fault.name != "429" or len(hits) < 2:
+        return None
+    gap = hits[1]["time"] - hits[0]["time"]
+    if hits[0]["status"] != 429 or gap < 0.9:
+        return f"retried after {gap:.2f} s, before Retry-After"
+    return None
 
 
 async def poisoned_problem(h: MatrixHarness, scenario: Scenario) -> str | None:

@@ -3,7 +3,8 @@
 Every scenario runs against the in-process driver (:class:`tests.driver.conftest.Harness`) and
 the real emulator. ``call`` is the host call under fault; ``succeeded`` says whether its result
 is the fault-free one; ``intact`` repeats the call with no fault injected (the lease must still
-serve it); ``cleanup`` destroys whatever lease the scenario still holds.
+serve it); ``cleanup`` destroys whatever lease the scenario still holds; ``runs`` counts how
+often the command under fault ran (None: not counted).
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from provider.createos.errors import APIConnectionError
-from provider.errors import CleanupUnconfirmed
+from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
+from tests.driver.stream_helpers import sandbox_shell
 
 API_KEY = "test-key"
 WS = "/paperclip-workspace"
 GONE = {"providerLeaseId": None, "metadata": {"expired": True}}
 REMOTE_TEXT = "remote contents: " + "x" * 64 + "\n"
+RUNS_FILE = "/tmp/paperclip-matrix-runs"
+COUNT_RUN = f"echo run >> {RUNS_FILE}; "
+"""Prefix of a command whose runs are counted: one line per run."""
 
 
 class Scenario:
@@ -44,9 +51,17 @@ class Scenario:
     def gone(self, value: Any) -> bool:
         return False
 
+    def unconfirmed(self, error: Exception | None) -> bool:
+        """Whether the call reported a cleanup it could not confirm (the lease is poisoned)."""
+        return isinstance(error, CleanupUnconfirmed)
+
     async def intact(self) -> bool:
         """After a surfaced failure: does the lease still serve the same call?"""
         return True
+
+    async def runs(self) -> int | None:
+        """How many times the command under fault ran, when the scenario counts it."""
+        return None
 
     async def cleanup(self) -> None:
         if self.lease is not None:
@@ -168,7 +183,7 @@ class ReleaseReuse(Scenario):
 
 
 class Execute(Scenario):
-    command: tuple[str, ...] = ("echo", "hello")
+    command: tuple[str, ...] = ("bash", "-c", COUNT_RUN + "echo hello")
     stdout = "hello\n"
     timeout_ms: int | None = None
 
@@ -196,22 +211,66 @@ class Execute(Scenario):
     async def intact(self) -> bool:
         return self.succeeded(await self.call(), None)
 
+    async def runs(self) -> int | None:
+        assert self.lease is not None
+        return len((await sandbox_shell(self.h, self.lease, f"cat {RUNS_FILE}; true")).split())
 
-class ExecuteChatty(Execute):
-    """Output in several frames, so a cut stream has something to replay."""
 
-    command = ("bash", "-c", "echo one; sleep 0.2; echo two; sleep 0.2; echo three")
+class ExecuteLost(Execute):
+    """The command's stream is cut after one frame: the worker then kills its tree by token,
+    with the buffered exec under fault. The command outlives the cut, so the kill has work."""
+
+    command = ("bash", "-c", COUNT_RUN + "echo one; sleep 0.3; echo two; sleep 0.3; echo three")
     stdout = "one\ntwo\nthree\n"
 
+    async def setup(self) -> None:
+        await super().setup()
+        # Taken by the exec stream; the cell's fault, queued behind it, by the kill.
+        await self.h.emulator.admin.add_fault("POST", r"/exec$", cut_after_frames=1)
 
-class ExecuteTimeout(Execute):
-    """A command that outlives its timeout: the worker must kill its tree (DELETE process)."""
 
-    command = ("sleep", "30")
-    timeout_ms = 1000
+class ExecuteCancelled(Scenario):
+    """A reuse release while a command runs: the release cancels the command, whose tree is
+    then killed by its token with one buffered exec (the one under fault)."""
+
+    reuse = True
+    script = "(sleep 300 &); setsid sleep 301 & echo started; sleep 302"
+
+    async def setup(self) -> None:
+        await self.acquire()
+        # A pass-through taken by the exec stream; the cell's fault, queued behind it, by the kill.
+        await self.h.emulator.admin.add_fault("POST", r"/exec$", delay_ms=1)
+        self.outcome: list[BaseException] = []
+
+    async def call(self) -> Any:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._command)
+                with anyio.fail_after(20):
+                    while ("stdout", "started\n") not in self.h.live_chunks():
+                        await anyio.sleep(0.02)
+                return await self.h.methods.release(self.ref())
+        except BaseExceptionGroup as group:  # the release's own error, for the classification
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def _command(self) -> None:
+        try:
+            await self.sh(self.script)
+        except ProviderError as exc:
+            self.outcome.append(exc)
 
     def succeeded(self, value: Any, error: Exception | None) -> bool:
-        return error is None and value["timedOut"] is True and value["exitCode"] is None
+        assert self.lease is not None
+        receipt = {"providerLeaseId": self.lease["providerLeaseId"], "state": "stopped"}
+        cancelled = len(self.outcome) == 1 and "cancelled" in str(self.outcome[0])
+        return error is None and value == receipt and cancelled
+
+    def unconfirmed(self, error: Exception | None) -> bool:
+        # The command reports the unconfirmed kill; the release then refuses to keep the lease.
+        killed = [exc for exc in self.outcome if isinstance(exc, CleanupUnconfirmed)]
+        return isinstance(error, RequestRefused) and len(killed) == len(self.outcome) == 1
 
 
 class SyncIn(Scenario):
@@ -283,8 +342,8 @@ SCENARIOS: dict[str, type[Scenario]] = {
     "destroy": Destroy,
     "release-reuse": ReleaseReuse,
     "execute": Execute,
-    "execute-chatty": ExecuteChatty,
-    "execute-timeout": ExecuteTimeout,
+    "execute-lost": ExecuteLost,
+    "execute-cancelled": ExecuteCancelled,
     "sync-in": SyncIn,
     "sync-out": SyncOut,
     "probe": Probe,

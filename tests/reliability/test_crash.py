@@ -3,7 +3,10 @@
 The Python worker (or the Node shim) is killed with SIGKILL while a command or a file transfer
 is in flight. The manager restarts the worker (its own auto-restart, or stopWorker/startWorker),
 and the next call that carries the lease's config must clean up what the dead worker left: no
-live process tree in the emulator and no ``.paperclip-createos-*`` folder on the host.
+process carrying a command token (``PAPERCLIP_CMD``, which names a streamed command's tree) in
+the sandbox, no live process tree in the emulator and no ``.paperclip-createos-*`` folder on the
+host. A streamed command is journaled as ``cmd:<token>`` before its exec is sent; the next call
+kills by that token.
 
 Where the worker's state goes: the manager builds the worker's environment as
 ``{...options.env, PATH, NODE_PATH, PAPERCLIP_PLUGIN_ID, NODE_ENV, TZ}`` (plugin-worker-manager.js
@@ -38,6 +41,7 @@ from provider.devtools.procfs import wait_until_gone
 from provider.driver.state_folder import ENV_PLUGIN_ID, JOURNAL_NAME, instance_dir, state_roots
 from provider.emulator import Emulator
 from tests.call_params import environment_call
+from tests.driver.stream_helpers import TREE_SCAN
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
@@ -126,6 +130,11 @@ class Rig:
             (count,) = db.execute(f"SELECT count(*) FROM {table}").fetchone()
         return int(count)
 
+    def journaled_commands(self) -> list[str]:
+        """The journaled processes: ``cmd:<token>`` for a streamed command."""
+        with sqlite3.connect(self.journal_path) as db:
+            return [row[0] for row in db.execute("SELECT process_id FROM processes")]
+
     async def live_trees(self) -> list[dict[str, Any]]:
         state = await self.emulator.admin.state()
         return [p for p in state["processes"] if p["tree_alive"]]
@@ -189,8 +198,8 @@ async def sandbox_pids(rig: Rig, sandbox_id: str) -> set[int]:
     raise AssertionError(f"sandbox {sandbox_id} is gone")
 
 
-async def start_long_command(rig: Rig, tg: Any, lease: dict[str, Any]) -> dict[str, Any]:
-    """Start LONG_SCRIPT as a host execute; return its live tree once it streams."""
+async def start_long_command(rig: Rig, tg: Any, lease: dict[str, Any]) -> list[str]:
+    """Start LONG_SCRIPT as a host execute; return its token carriers once it streams."""
     ticks: list[str] = []
     params = {**rig.with_lease(lease), "command": "bash", "args": ["-c", LONG_SCRIPT]}
 
@@ -206,11 +215,22 @@ async def start_long_command(rig: Rig, tg: Any, lease: dict[str, Any]) -> dict[s
     with anyio.fail_after(60):
         while len(ticks) < 3:
             await anyio.sleep(0.05)
-    trees = await rig.live_trees()
-    assert len(trees) == 1
-    assert len(trees[0]["host_pids"]) >= 4  # bash, both sleepers, the loop's sleep
-    assert rig.journal_rows("processes") == 1  # journaled in the state folder we chose
-    return trees[0]
+    carriers = await token_carriers(rig, lease["providerLeaseId"])
+    assert_sleepers(carriers, "sleep 300", "sleep 301")
+    [journaled] = rig.journaled_commands()  # journaled in the state folder we chose
+    assert journaled.startswith("cmd:")
+    return carriers
+
+
+def assert_sleepers(carriers: list[str], *commands: str) -> None:
+    """Each of ``commands`` (a whole command line) runs in the sandbox, carrying a token."""
+    for command in commands:
+        assert any(runs(line, command) for line in carriers), carriers
+
+
+def runs(carrier: str, command: str) -> bool:
+    """Whether a ``"<pid> <cmdline>"`` line of :func:`token_carriers` is ``command``."""
+    return carrier.partition(" ")[2].strip() == command
 
 
 def assert_worker_lost(outcome: object) -> None:
@@ -221,22 +241,24 @@ def assert_worker_lost(outcome: object) -> None:
 async def test_worker_killed_during_execute_next_call_kills_the_orphan_tree(rig: Rig) -> None:
     await rig.start(auto_restart=True)
     lease = await rig.acquire()
-    baseline = await sandbox_pids(rig, lease["providerLeaseId"])
+    sandbox_id = lease["providerLeaseId"]
+    baseline = await sandbox_pids(rig, sandbox_id)
     async with anyio.create_task_group() as tg:
-        tree = await start_long_command(rig, tg, lease)
+        await start_long_command(rig, tg, lease)
         events_before = len(rig.peer.events)
         await rig.kill_worker_and_wait("worker")
     assert_worker_lost(rig.outcomes["execute"])
     await rig.restart_automatically(events_before)  # the manager's own crash recovery
 
     # Nobody else would ever stop it: the dead worker's tree still runs in the sandbox.
-    assert [p["process_id"] for p in await rig.live_trees()] == [tree["process_id"]]
+    assert_sleepers(await token_carriers(rig, sandbox_id), "sleep 300", "sleep 301")
     assert rig.journal_rows("processes") == 1
 
     after = await rig.execute(lease, "echo after")  # the next call carrying the lease's config
     assert (after["exitCode"], after["stdout"]) == (0, "after\n")
+    assert await token_carriers(rig, sandbox_id) == []
     assert await rig.live_trees() == []
-    assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
+    assert await sandbox_pids(rig, sandbox_id) == baseline
     assert rig.journal_rows("processes") == 0
     assert rig.journal_rows("unconfirmed") == 0  # the kill was confirmed: the lease stays usable
     assert temp_leftovers(rig.tmpdir) == []
@@ -246,22 +268,24 @@ async def test_worker_killed_during_execute_next_call_kills_the_orphan_tree(rig:
 async def test_shim_killed_during_execute_the_worker_stops_its_tree_and_exits(rig: Rig) -> None:
     await rig.start(auto_restart=True)
     lease = await rig.acquire()
-    baseline = await sandbox_pids(rig, lease["providerLeaseId"])
+    sandbox_id = lease["providerLeaseId"]
+    baseline = await sandbox_pids(rig, sandbox_id)
     async with anyio.create_task_group() as tg:
         await start_long_command(rig, tg, lease)
         events_before = len(rig.peer.events)
         # SIGKILL to the shim: the worker gets SIGTERM (PR_SET_PDEATHSIG), aborts its work,
-        # kills the tree and exits; kill_worker_and_wait returns once both are gone.
+        # kills the tree by its token and exits; kill_worker_and_wait returns once both are gone.
         await rig.kill_worker_and_wait("shim")
     assert_worker_lost(rig.outcomes["execute"])
-    assert await rig.live_trees() == []  # stopped by the dying worker itself
+    assert await token_carriers(rig, sandbox_id) == []  # stopped by the dying worker itself
     assert rig.journal_rows("processes") == 0
     await rig.restart_automatically(events_before)
 
     after = await rig.execute(lease, "echo after")
     assert (after["exitCode"], after["stdout"]) == (0, "after\n")
+    assert await token_carriers(rig, sandbox_id) == []
     assert await rig.live_trees() == []
-    assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
+    assert await sandbox_pids(rig, sandbox_id) == baseline
     assert temp_leftovers(rig.tmpdir) == []
     await rig.release(lease)
 
@@ -389,13 +413,23 @@ async def kill_during_sync_in(
     await rig.restart_automatically(events_before)
 
 
-async def sandbox_scratches(rig: Rig, sandbox_id: str) -> list[str]:
-    """The sync scratch files in the sandbox's /tmp, read straight from the emulator (a call
-    through the worker would run recovery first)."""
+async def sandbox_stdout(rig: Rig, sandbox_id: str, argv: list[str]) -> str:
+    """The stdout of a buffered exec of ``argv``, straight to the emulator (a call through the
+    worker would run recovery first); it carries no command token."""
     pacer = RequestPacer(rig.emulator.base_url, interval=0)
     async with CreateOSClient(rig.emulator.base_url, "test-key", pacer=pacer) as client:
-        listed = await client.exec(sandbox_id, "/bin/ls", ["-A", "/tmp"])
-    return [n for n in listed.stdout.split() if n.startswith("paperclip-createos-transfer-")]
+        return (await client.exec(sandbox_id, argv[0], argv[1:])).stdout
+
+
+async def sandbox_scratches(rig: Rig, sandbox_id: str) -> list[str]:
+    """The sync scratch files in the sandbox's /tmp."""
+    listed = await sandbox_stdout(rig, sandbox_id, ["/bin/ls", "-A", "/tmp"])
+    return [n for n in listed.split() if n.startswith("paperclip-createos-transfer-")]
+
+
+async def token_carriers(rig: Rig, sandbox_id: str) -> list[str]:
+    """``"<pid> <cmdline>"`` of every process in the sandbox carrying a command token."""
+    return (await sandbox_stdout(rig, sandbox_id, ["/bin/bash", "-c", TREE_SCAN])).splitlines()
 
 
 async def test_worker_killed_between_upload_and_placement_next_call_removes_the_scratch(
@@ -409,20 +443,23 @@ async def test_worker_killed_between_upload_and_placement_next_call_removes_the_
     mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
     core = rig.emulator.core
     assert core is not None
-    # The upload lands; the placement command's create then sits in the emulator.
-    await rig.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/processes$", delay_ms=120_000)
+    # The upload lands; the placement command's exec stream then sits in the emulator.
+    await rig.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/exec$", delay_ms=120_000)
 
-    async def placing() -> bool:  # the fault is taken when the placement's create arrives
+    async def placing() -> bool:  # the fault is taken when the placement's exec arrives
         return not core.faults
 
     await kill_during_sync_in(rig, sync_params(rig, lease, files=[mapping]), placing)
     assert len(await sandbox_scratches(rig, sandbox_id)) == 1  # what the crash left behind
     assert rig.journal_rows("scratches") == 1
+    [journaled] = rig.journaled_commands()  # the placement, sent but not answered
+    assert journaled.startswith("cmd:")
 
     probe = await rig.call("environmentProbe", rig.common())  # any call with the config will do
     assert probe["ok"] is True, probe
     assert await sandbox_scratches(rig, sandbox_id) == []
     assert rig.journal_rows("scratches") == 0
+    assert rig.journal_rows("processes") == 0  # killed by its token (a tombstone: it never runs)
     await rig.release(lease)
 
 
@@ -431,22 +468,24 @@ async def test_worker_killed_during_a_post_upload_command_next_call_kills_it(
 ) -> None:
     await rig.start(auto_restart=True)
     lease = await rig.acquire()
-    baseline = await sandbox_pids(rig, lease["providerLeaseId"])
+    sandbox_id = lease["providerLeaseId"]
+    baseline = await sandbox_pids(rig, sandbox_id)
     source = tmp_path / "file.txt"
     source.write_text("payload\n")
     mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
     command = {"command": "(sleep 300 &); (sleep 301 &); sleep 302", "timeoutMs": 600_000}
     params = sync_params(rig, lease, files=[mapping], postUploadCommands=[command])
 
-    async def running() -> bool:
-        # The sleepers run (>= 5 processes): the placement step, a smaller tree, is over.
-        return bool([t for t in await rig.live_trees() if len(t["host_pids"]) >= 5])
+    async def running() -> bool:  # the sleepers run: the placement step is over
+        return any(runs(line, "sleep 302") for line in await token_carriers(rig, sandbox_id))
 
     await kill_during_sync_in(rig, params, running)
-    assert len(await rig.live_trees()) == 1  # the host-authored command outlived the worker
+    # The host-authored command outlived the worker.
+    assert_sleepers(await token_carriers(rig, sandbox_id), "sleep 300", "sleep 301", "sleep 302")
 
     after = await rig.execute(lease, f"cat {WS}/file.txt")
     assert (after["exitCode"], after["stdout"]) == (0, "payload\n")
+    assert await token_carriers(rig, sandbox_id) == []
     assert await rig.live_trees() == []
     assert await sandbox_pids(rig, lease["providerLeaseId"]) == baseline
     assert rig.journal_rows("processes") == 0
