@@ -46,9 +46,14 @@ async def last_seq(h: Harness) -> int:
 async def sandbox_shell(h: Harness, lease: dict[str, Any], script: str) -> str:
     """``bash -c script`` by a plain buffered exec, straight to the emulator (no token, not
     through the worker): what the sandbox looks like from outside the command."""
-    async with httpx.AsyncClient(base_url=h.emulator.base_url) as http:
+    return await shell_at(h.emulator.base_url, lease["providerLeaseId"], script)
+
+
+async def shell_at(base_url: str, sandbox_id: str, script: str) -> str:
+    """:func:`sandbox_shell` for any emulator and sandbox (key ``test-key``)."""
+    async with httpx.AsyncClient(base_url=base_url) as http:
         answer = await http.post(
-            f"/v1/sandboxes/{lease['providerLeaseId']}/exec",
+            f"/v1/sandboxes/{sandbox_id}/exec",
             headers={"X-Api-Key": "test-key"},
             json={"cmd": "/bin/bash", "args": ["-c", script]},
         )
@@ -59,6 +64,11 @@ async def sandbox_shell(h: Harness, lease: dict[str, Any], script: str) -> str:
 async def token_carriers(h: Harness, lease: dict[str, Any]) -> list[str]:
     """``"<pid> <cmdline>"`` of every live process carrying a command token."""
     return (await sandbox_shell(h, lease, TREE_SCAN)).splitlines()
+
+
+async def carriers_at(base_url: str, sandbox_id: str) -> list[str]:
+    """:func:`token_carriers` for any emulator and sandbox."""
+    return (await shell_at(base_url, sandbox_id, TREE_SCAN)).splitlines()
 
 
 async def use_managed_processes(h: Harness, lease: dict[str, Any]) -> int:

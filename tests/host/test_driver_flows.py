@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.emulator import Emulator
 from tests.call_params import environment_call
+from tests.driver.stream_helpers import carriers_at
 from tests.host.peer_helpers import CALL_TIMEOUT_MS, DROPPED_LOG, LogSink
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
@@ -185,7 +187,7 @@ async def test_release_during_a_streaming_execute_cancels_it_and_kills_the_tree(
         with anyio.fail_after(60):
             while len(sink.chunks) < 3:  # streaming for a while
                 await anyio.sleep(0.05)
-        assert await flow.emulator.admin.live_process_count() == 1
+        assert len(await carriers_at(flow.emulator.base_url, sandbox_id)) >= 4
         # Served while the execute is still open: the worker handles requests concurrently.
         receipt = await flow.call("environmentReleaseLease", flow.lease_ref(lease, reuse=True))
         assert receipt == {"providerLeaseId": sandbox_id, "state": "stopped"}
@@ -195,8 +197,16 @@ async def test_release_during_a_streaming_execute_cancels_it_and_kills_the_tree(
     assert isinstance(error, PeerCallError), error
     assert "cancelled" in error.message
     assert set(sink.chunks) == {("stdout", "tick\n")}
-    assert await flow.emulator.admin.live_process_count() == 0  # the whole tree is gone
     assert await flow.sandbox_status(sandbox_id) == "paused"
+    async with httpx.AsyncClient(base_url=flow.emulator.base_url) as http:  # look inside
+        resumed = await http.post(
+            f"/v1/sandboxes/{sandbox_id}/resume", headers={"X-Api-Key": "test-key"}
+        )
+        assert resumed.status_code < 300, resumed.text
+    with anyio.fail_after(20):
+        while await flow.sandbox_status(sandbox_id) != "running":
+            await anyio.sleep(0.05)
+    assert await carriers_at(flow.emulator.base_url, sandbox_id) == []  # the whole tree is gone
 
     receipt = await flow.call("environmentDestroyLease", flow.lease_ref(lease, reuse=True))
     assert receipt == {"providerLeaseId": sandbox_id, "state": "destroyed"}
