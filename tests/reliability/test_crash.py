@@ -405,14 +405,14 @@ async def test_worker_killed_between_upload_and_placement_next_call_removes_the_
     lease = await rig.acquire()
     sandbox_id = lease["providerLeaseId"]
     source = tmp_path / "file.txt"
-    source.write_text("a copy of the host's files\n")
+    source.write_text("a copy of the host's files\n" * 10_000)  # too large to travel inline
     mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
     core = rig.emulator.core
     assert core is not None
-    # The upload lands; the placement command's create then sits in the emulator.
-    await rig.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/processes$", delay_ms=120_000)
+    # The upload lands; the placement command's exec then sits in the emulator.
+    await rig.emulator.admin.add_fault("POST", r"^/v1/sandboxes/[^/]+/exec$", delay_ms=120_000)
 
-    async def placing() -> bool:  # the fault is taken when the placement's create arrives
+    async def placing() -> bool:  # the fault is taken when the placement's exec arrives
         return not core.faults
 
     await kill_during_sync_in(rig, sync_params(rig, lease, files=[mapping]), placing)
