@@ -22,7 +22,9 @@ knows about parts; the guard and the single-file texts are :mod:`provider.driver
   the size, with no second copy of the archive in the sandbox. The host ``GET``s the parts in
   order (:func:`parse_part_sizes`), and a part whose download is not exactly that many bytes
   (a gateway's HTML page answered with 200, a cut body) fails the sync before anything is
-  installed; the cleanup is :meth:`Scratch.removal_command`.
+  installed; the cleanup is :meth:`Scratch.removal_command`. With an inline bound, one part
+  small enough is printed base64 instead and removed by the pack command
+  (:func:`provider.driver.sync_inline.pack_tail`): no ``GET`` and no cleanup.
 
 Each public text pins the workspace root; the ``_``-prefixed builders take it as a parameter so
 the tests can run the exact texts in real bash against a temporary tree.
