@@ -20,7 +20,16 @@ from provider.driver.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES, encod
 from provider.errors import ProviderError
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import last_seq, requests_since, use_managed_processes
-from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
+from tests.driver.sync_helpers import (
+    WS,
+    host_temp_leftovers,
+    mapping,
+    no_scratch,
+    op,
+    sh,
+    sync_in,
+    sync_out,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -46,11 +55,6 @@ async def sandbox_digest(h: Harness, lease: dict[str, Any], path: str) -> str:
 
 def digest(data: bytes, mode: int) -> str:
     return f"{mode:o}\n{hashlib.sha256(data).hexdigest()}  -\n"
-
-
-async def no_scratch(h: Harness, lease: dict[str, Any]) -> None:
-    listing = await sh(h, lease, "ls -a /tmp")
-    assert "paperclip-createos-transfer-" not in listing["stdout"]
 
 
 def no_base64_logged(h: Harness, payload: bytes) -> None:

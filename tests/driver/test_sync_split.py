@@ -32,14 +32,23 @@ from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError
 from tests.call_params import environment_call
 from tests.driver.conftest import Harness
-from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
+from tests.driver.sync_helpers import (
+    SCRATCH,
+    WS,
+    host_temp_leftovers,
+    mapping,
+    no_scratch,
+    op,
+    sh,
+    sync_in,
+    sync_out,
+)
 
 pytestmark = pytest.mark.anyio
 
 MIB = 1024 * 1024
 LIMIT = 4 * MIB
 PART = 3 * MIB
-SCRATCH = "paperclip-createos-transfer-"
 
 
 @pytest.fixture
@@ -132,11 +141,6 @@ def file_requests(made: list[tuple[str, str, str]], method: str) -> list[str]:
 
 def parts(count: int) -> list[str]:
     return [f".part-{index:04d}" for index in range(count)]
-
-
-async def no_scratch(h: Harness, lease: dict[str, Any]) -> None:
-    listing = await sh(h, lease, "ls -a /tmp")
-    assert SCRATCH not in listing["stdout"] and ".createos-upload-" not in listing["stdout"]
 
 
 async def test_a_tree_over_the_file_limit_syncs_in_and_out_as_parts(
