@@ -43,6 +43,7 @@ from typing import Any, Final
 import anyio
 
 from provider.createos.client import CreateOSClient
+from provider.createos.exec_stream import exec_stream_supported
 from provider.driver import archive, sync_files, sync_inline, sync_parts, sync_steps
 from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
@@ -86,7 +87,10 @@ class SyncSession:
             raise ValueError("part_bytes must be a positive integer")
         self.part_bytes = part_bytes
         self.inline_in = sync_inline.INLINE_IN_CHARS  # read now: tests lower them
-        self.inline_out = sync_inline.INLINE_OUT_BYTES
+        # Output inline only where commands stream: a managed process's output passes through
+        # its 1 MiB journal (an older CreateOS, 3.3), so there it is fetched with GET as before.
+        streams = exec_stream_supported(client.base_url)
+        self.inline_out = sync_inline.INLINE_OUT_BYTES if streams else 0
         self.client = client
         self.sandbox_id = sandbox_id
         self.cleanup_timeout = as_bound(cleanup_timeout)  # one bound for every cleanup

@@ -21,7 +21,8 @@ Small enough archives and files skip the files API (issue 22, item 2):
   worker decodes that line strictly (:func:`parse_inline`: the base64 alphabet and padding
   only, the exact byte count, never above the bound) into its host temp file and validates,
   installs or extracts it exactly as a downloaded file. Larger results print the part sizes
-  and are fetched with ``GET`` as before.
+  and are fetched with ``GET`` as before, and so is everything on an origin without the exec
+  stream (its commands' output passes through a managed process's 1 MiB journal).
 
 Why it is safe for the bytes: base64 is ASCII, so the exec's JSON text (stdin in the body,
 output frames decoded as UTF-8) carries it unchanged; a truncated or altered run fails the

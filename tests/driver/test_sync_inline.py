@@ -205,18 +205,24 @@ async def test_a_failing_placement_is_named_and_leaves_no_scratch(
     await no_scratch(h, lease)
 
 
-async def test_inline_syncs_work_on_the_managed_process_fallback(
+async def test_the_managed_process_fallback_takes_stdin_inline_but_downloads(
     harness: Harness, tmp_path: Path
 ) -> None:
+    """On an older CreateOS (no exec stream) a sync in still sends its bytes as the command's
+    stdin, which that path stages exactly; a sync out fetches with GET, keeping the bytes out of
+    a managed process's 1 MiB output journal."""
     h = harness
     lease = await h.acquire()
     seen = await use_managed_processes(h, lease)
     tree = tmp_path / "tree"
     files = make_tree(tree)
     await sync_in(h, lease, op(mapping(tree, f"{WS}/t", "directory")))
-    back = tmp_path / "back"
-    await sync_out(h, lease, op(mapping(f"{WS}/t", back, "directory")))
-    assert {n: (back / n).read_bytes() for n in files} == files
     made = await requests_since(h, lease, seen)
-    assert not [m for m in made if m[1].startswith("/files") or m == EXEC], made
+    assert [m for m, _ in made] == ["POST", "GET", "POST"]  # create, connect, the stdin
+    assert made[0][1] == "/processes" and made[2][1].endswith("/input"), made
+    back = tmp_path / "back"
+    _, made = await counted(h, lease, sync_out(h, lease, op(mapping(f"{WS}/t", back, "directory"))))
+    assert made[-2:] == [GET, EXEC], made  # the download, the scratch removal
+    assert made[0][1] == "/processes", made
+    assert {n: (back / n).read_bytes() for n in files} == files
     await no_scratch(h, lease)
