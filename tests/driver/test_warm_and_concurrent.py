@@ -86,10 +86,11 @@ async def test_keepalive_reads_keep_a_silent_command_from_being_idle_paused(
 
 
 def tree(root: Path, name: str, files: int) -> Path:
+    """``files`` files of about 90 KB: an archive too large to travel inline, so it is PUT."""
     folder = root / name
     folder.mkdir()
     for n in range(files):
-        (folder / f"f{n}.txt").write_text(f"{name} {n}\n")
+        (folder / f"f{n}.txt").write_text(f"{name} {n}\n" * 10_000)
     return folder
 
 
@@ -120,9 +121,7 @@ async def test_two_syncs_on_one_lease_overlap_in_isolation_and_release_cancels_b
     # overlap: the second upload started before the first sync's last request
     second_put = requests.index(puts[1])
     first_creates = [
-        i
-        for i, r in enumerate(requests)
-        if r["method"] == "POST" and r["path"].endswith("/processes")
+        i for i, r in enumerate(requests) if r["method"] == "POST" and r["path"].endswith("/exec")
     ]
     assert second_put < max(first_creates)
     listing = await sh(h, lease, "ls /paperclip-workspace/first /paperclip-workspace/second")
