@@ -189,8 +189,6 @@ class SyncSession:
             results.append(_result(op, files, transferred))
         return results
 
-    # -- inbound -----------------------------------------------------------------------------
-
     # -- sandbox commands --------------------------------------------------------------------
 
     async def control(self, script: str, what: str) -> dict[str, Any]:
