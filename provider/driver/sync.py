@@ -1,9 +1,12 @@
 """environmentSyncIn / environmentSyncOut: move files between host paths and the workspace.
 
-Bytes never cross JSON-RPC and never go through process output: they are streamed through the
-files API between host temp files and sandbox scratch files, and a guarded control command moves
-them into place inside the sandbox. See provider-behavior.md 5. This module orchestrates, per
-mapping, what to pack, send, place, fetch and clean up; the pieces are
+Bytes never cross JSON-RPC: they are streamed through the files API between host temp files
+and sandbox scratch files, and a guarded control command moves them into place inside the
+sandbox (provider-behavior.md 5). Small ones skip the files API and travel base64 inside that
+one command, in its stdin or its output (:mod:`provider.driver.sync_inline`, issue 22), so a
+small sync costs one request each way. This module orchestrates, per mapping, what to pack,
+send, place, fetch and clean up; the pieces are
+:mod:`provider.driver.sync_upload` (one inbound mapping: pack, choose its mode, send),
 :mod:`provider.driver.sync_download` (one outbound mapping: pack, fetch, install),
 :mod:`provider.driver.sync_files` (the host side: temp folders, streamed ``PUT``s of byte ranges
 of a host file, ``GET``s appended to one host file, the atomic install),
@@ -19,9 +22,11 @@ of the whole file to the scratch path, exactly as before. Outbound, the pack com
 splits (a small tree is one part) and prints the part count, the host ``GET``s the parts in
 order into one host file and validates the whole archive (5.7) before extracting anything.
 
-Request counts stay those of a single file for everything at or under the part size (inbound:
-one ``PUT`` per mapping plus the operation's command; outbound: the pack command, one ``GET``, the
-cleanup); each further part adds one ``PUT`` or one ``GET``. A failing part upload fails the
+Request counts: an inbound operation is its one command, plus one ``PUT`` per mapping (or part)
+that did not fit the command's inline stdin (:data:`~provider.driver.sync_inline.
+INLINE_IN_CHARS`); an outbound mapping is its pack command alone when the packed bytes are at
+most :data:`~provider.driver.sync_inline.INLINE_OUT_BYTES`, otherwise the pack command, one
+``GET`` per part and the cleanup. A failing part upload fails the
 sync and the scratch and its parts are removed, a partial download leaves the host target
 untouched and no temp file, and cancellation runs the cleanup (a glob over the parts) shielded
 and bounded.
@@ -31,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Final
@@ -39,8 +43,8 @@ from typing import Any, Final
 import anyio
 
 from provider.createos.client import CreateOSClient
-from provider.driver import archive, sync_files, sync_parts, sync_steps
-from provider.driver.archive import ArchiveStats, build_directory_archive
+from provider.createos.exec_stream import exec_stream_supported
+from provider.driver import archive, sync_files, sync_inline, sync_parts, sync_steps
 from provider.driver.budget import CleanupBound, as_bound
 from provider.driver.execute import CommandSpec, ProcessRecord, run_command
 from provider.driver.journal import LeaseJournal
@@ -49,7 +53,8 @@ from provider.driver.runtime import ROOT
 from provider.driver.sync_download import download
 from provider.driver.sync_files import LogSink
 from provider.driver.sync_parts import Scratch
-from provider.driver.sync_plan import FileMapping, PlannedOperation
+from provider.driver.sync_plan import PlannedOperation
+from provider.driver.sync_upload import upload
 from provider.errors import ProviderError, TransferError
 
 PART_BYTES: Final = 256 * 1024 * 1024
@@ -81,6 +86,11 @@ class SyncSession:
         if isinstance(part_bytes, bool) or not isinstance(part_bytes, int) or part_bytes < 1:
             raise ValueError("part_bytes must be a positive integer")
         self.part_bytes = part_bytes
+        self.inline_in = sync_inline.INLINE_IN_CHARS  # read now: tests lower them
+        # Output inline only where commands stream: a managed process's output passes through
+        # its 1 MiB journal (an older CreateOS, 3.3), so there it is fetched with GET as before.
+        streams = exec_stream_supported(client.base_url)
+        self.inline_out = sync_inline.INLINE_OUT_BYTES if streams else 0
         self.client = client
         self.sandbox_id = sandbox_id
         self.cleanup_timeout = as_bound(cleanup_timeout)  # one bound for every cleanup
@@ -125,17 +135,26 @@ class SyncSession:
         files = transferred = 0
         skipped = 0
         skipped_paths: list[str] = []
+        stdin: list[str] = []  # the inline mappings' bytes, base64, in mapping order
+        room = self.inline_in
         placed = False
         try:
             for mapping in op.mappings:
                 scratch = Scratch(sync_parts.new_scratch())
                 scratches.append(scratch)
                 with sync_files.host_errors(f"Reading {mapping.host_path}"):
-                    count, size, text, left_out = await self._upload(mapping, scratch)
-                steps.append(sync_steps.Step(f"Placing {mapping.sandbox_path}", text))
-                files, transferred = files + count, transferred + size
-                skipped += left_out.skipped
-                skipped_paths += [str(mapping.host_path / n) for n in left_out.skipped_names]
+                    sent = await upload(self, mapping, scratch, room)
+                if sent.inline is not None:
+                    stdin.append(sent.inline)
+                    room -= len(sent.inline)
+                steps.append(
+                    sync_steps.Step(
+                        f"Placing {mapping.sandbox_path}", sent.text, sent.inline is not None
+                    )
+                )
+                files, transferred = files + sent.files, transferred + sent.size
+                skipped += sent.stats.skipped
+                skipped_paths += [str(mapping.host_path / n) for n in sent.stats.skipped_names]
             for command in op.post_upload:
                 budget = command.timeout if command.timeout is not None else math.inf
                 remaining = anyio.current_effective_deadline() - anyio.current_time()
@@ -143,7 +162,11 @@ class SyncSession:
                     command.command, command.cwd, min(budget, remaining)
                 )
             if steps:
-                await self._run_steps(steps, scratches)
+                for scratch in scratches:  # the inline ones: the command creates them
+                    if not scratch.sent:
+                        await self.journal_scratch(scratch.path)
+                        scratch.sent = True
+                await self._run_steps(steps, scratches, "".join(stdin))
             placed = True
         finally:
             for scratch in scratches:  # placed: the operation's EXIT trap removed them
@@ -166,77 +189,6 @@ class SyncSession:
             results.append(_result(op, files, transferred))
         return results
 
-    # -- inbound -----------------------------------------------------------------------------
-
-    async def _upload(
-        self, mapping: FileMapping, scratch: Scratch
-    ) -> tuple[int, int, str, ArchiveStats]:
-        """PUT one mapping to ``scratch`` (as parts when it is larger than a part: then
-        ``scratch.parts`` is set before the first PUT, and ``scratch.sent``, once journaled, so
-        cleanup knows; a source refused before that costs no request); answers (files,
-        bytes, the placement text, the archive's stats for the special files it left out)."""
-        stats = ArchiveStats(files=1, bytes=0)
-        workdir = await self.new_workdir(None)
-        try:
-            if mapping.kind == "directory":
-                data = workdir / "data"
-                stats = await anyio.to_thread.run_sync(
-                    lambda: build_directory_archive(
-                        mapping.host_path,
-                        data,
-                        exclude=mapping.exclude,
-                        follow_symlinks=mapping.follow_symlinks,
-                    )
-                )
-                files = stats.files
-                info = await anyio.to_thread.run_sync(os.stat, data)
-                if stats.skipped:
-                    await self._warn_skipped(mapping, stats)
-            else:
-                data, files = mapping.host_path, 1
-                info = await anyio.to_thread.run_sync(sync_files.check_source_file, data)
-            size = info.st_size
-            if mapping.mode is not None:
-                mode = mapping.mode
-            elif mapping.kind == "directory":
-                mode = 0o755
-            else:
-                mode = info.st_mode & 0o777  # the host file's own
-            if size > self.part_bytes:
-                parts = sync_parts.part_count(size, self.part_bytes)
-                if parts > sync_parts.MAX_PARTS:
-                    raise TransferError(
-                        f"{mapping.host_path} is too large to sync: more than "
-                        f"{sync_parts.MAX_PARTS} parts of {self.part_bytes} bytes."
-                    )
-                scratch.parts = parts
-            await self.journal_scratch(scratch.path)
-            scratch.sent = True
-            await sync_files.put_ranges(
-                self.client,
-                self.sandbox_id,
-                sync_parts.byte_ranges(scratch, size, self.part_bytes),
-                data,
-                log=self.log,
-                what=f"Uploading {mapping.sandbox_path}",
-            )
-        finally:
-            await self.drop_workdir(workdir)
-        text = sync_parts.placement_text(scratch, mapping.kind, mapping.sandbox_path, mode)
-        return files, size, text, stats
-
-    async def _warn_skipped(self, mapping: FileMapping, stats: ArchiveStats) -> None:
-        """One warn log line for the sockets, FIFOs and devices a directory upload left out."""
-        if self.log is not None:
-            names = stats.skipped_names
-            listed = ", ".join(names) + (", ..." if stats.skipped > len(names) else "")
-            await self.log(
-                "warn",
-                f"Sync in of {mapping.host_path}: {stats.skipped} special file(s) (FIFO, "
-                f"socket or device) left out, not transferred: {listed}",
-                None,
-            )
-
     # -- sandbox commands --------------------------------------------------------------------
 
     async def control(self, script: str, what: str) -> dict[str, Any]:
@@ -248,9 +200,12 @@ class SyncSession:
             raise TransferError(_failure(what, result, result["stderr"]))
         return result
 
-    async def _run_steps(self, steps: list[sync_steps.Step], scratches: list[Scratch]) -> None:
-        """One sandbox command for the steps of an inbound operation; errors name the step."""
-        result = await self._command(sync_steps.operation_script(steps, scratches))
+    async def _run_steps(
+        self, steps: list[sync_steps.Step], scratches: list[Scratch], stdin: str
+    ) -> None:
+        """One sandbox command for the steps of an inbound operation, ``stdin`` its inline
+        mappings' bytes; errors name the step."""
+        result = await self._command(sync_steps.operation_script(steps, scratches), stdin)
         if not result["timedOut"] and result["exitCode"] == 0:
             return
         failed = sync_steps.failed_step(steps, result["stderr"])
@@ -260,14 +215,19 @@ class SyncSession:
         detail = failed.detail if failed is not None else result["stderr"]
         raise TransferError(_failure(label, result, detail))
 
-    async def _command(self, script: str) -> dict[str, Any]:
-        """``bash -c script`` in ROOT, no live logs, within what is left of the sync deadline."""
+    async def _command(self, script: str, stdin: str = "") -> dict[str, Any]:
+        """``bash -c script`` in ROOT, no live logs (nothing of an inline transfer reaches a
+        log), within what is left of the sync deadline."""
         remaining = anyio.current_effective_deadline() - anyio.current_time()
         return await run_command(
             self.client,
             self.sandbox_id,
             CommandSpec(
-                command="/bin/bash", args=["-c", script], cwd=ROOT, timeout=max(remaining, 0.001)
+                command="/bin/bash",
+                args=["-c", script],
+                cwd=ROOT,
+                stdin=stdin or None,
+                timeout=max(remaining, 0.001),
             ),
             on_output=None,
             cleanup_timeout=self.cleanup_timeout,

@@ -102,9 +102,7 @@ async def get_to_file(
     A body that is not the file (a JSON or HTML content type, or not exactly the size the pack
     step measured) fails the transfer. Answers the bytes written; ``what`` ("Downloading
     <sandbox path>") heads the progress lines and the errors."""
-    fd = await anyio.to_thread.run_sync(
-        lambda: os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o600)
-    )
+    fd = await anyio.to_thread.run_sync(_create, data, mode)
     size = reported = 0
     pending: list[bytes] = []
     pending_size = 0
@@ -139,6 +137,21 @@ async def get_to_file(
     finally:
         await anyio.to_thread.run_sync(os.close, fd)
     return size
+
+
+def write_new(data: Path, content: bytes, mode: int) -> None:
+    """Write ``content`` to ``data``, created exclusively with ``mode`` (as :func:`get_to_file`
+    creates its file): the host side of an outbound sync that came back inline."""
+    fd = _create(data, mode)
+    try:
+        _write_all(fd, [content])
+    finally:
+        os.close(fd)
+
+
+def _create(data: Path, mode: int) -> int:
+    """Create ``data`` exclusively, at most owner read/write until the install sets ``mode``."""
+    return os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode & 0o600)
 
 
 _NOT_A_FILE = ("application/json", "text/html", "application/xhtml+xml", "application/problem")

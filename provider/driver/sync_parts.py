@@ -22,7 +22,9 @@ knows about parts; the guard and the single-file texts are :mod:`provider.driver
   the size, with no second copy of the archive in the sandbox. The host ``GET``s the parts in
   order (:func:`parse_part_sizes`), and a part whose download is not exactly that many bytes
   (a gateway's HTML page answered with 200, a cut body) fails the sync before anything is
-  installed; the cleanup is :meth:`Scratch.removal_command`.
+  installed; the cleanup is :meth:`Scratch.removal_command`. With an inline bound, one part
+  small enough is printed base64 instead and removed by the pack command
+  (:func:`provider.driver.sync_inline.pack_tail`): no ``GET`` and no cleanup.
 
 Each public text pins the workspace root; the ``_``-prefixed builders take it as a parameter so
 the tests can run the exact texts in real bash against a temporary tree.
@@ -36,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from provider.driver import shell
+from provider.driver import shell, sync_inline
 
 SCRATCH_PREFIX = "/tmp/paperclip-createos-transfer-"
 PARTS_MARK = "__paperclip_sync_parts__"
@@ -201,11 +203,13 @@ def syncout_dir_parts_command(
     *,
     exclude: Sequence[str],
     follow_symlinks: bool,
+    inline_bytes: int = 0,
 ) -> str:
     """Spec 5.6 step 1 (directory): guard; must be a directory; ``tar [-h] [--exclude] -cf -``
-    piped into ``split`` parts of ``part_bytes``; prints the part count."""
+    piped into ``split`` parts of ``part_bytes``; prints the part count, or the archive itself
+    when it is at most ``inline_bytes`` (:func:`provider.driver.sync_inline.pack_tail`)."""
     return _syncout_dir_parts(
-        source, scratch, part_bytes, exclude, follow_symlinks, shell.SANDBOX_ROOT
+        source, scratch, part_bytes, exclude, follow_symlinks, shell.SANDBOX_ROOT, inline_bytes
     )
 
 
@@ -216,6 +220,7 @@ def _syncout_dir_parts(
     exclude: Sequence[str],
     follow_symlinks: bool,
     root: str,
+    inline_bytes: int = 0,
 ) -> str:
     words = ["tar"]
     if follow_symlinks:
@@ -230,18 +235,23 @@ def _syncout_dir_parts(
             "exit 1; }",
             "set -o pipefail",
             " ".join(words) + " | " + _split(part_bytes, "-", scratch) + " || exit 1",
-            _count_parts(scratch),
+            _count_parts(scratch, inline_bytes),
         ]
     )
 
 
-def syncout_file_parts_command(source: str, scratch: str, part_bytes: int) -> str:
+def syncout_file_parts_command(
+    source: str, scratch: str, part_bytes: int, inline_bytes: int = 0
+) -> str:
     """Spec 5.6 step 1 (file): guard; must be a regular file; ``split`` it into parts of
-    ``part_bytes`` (instead of a ``cp``: one copy either way); prints the part count."""
-    return _syncout_file_parts(source, scratch, part_bytes, shell.SANDBOX_ROOT)
+    ``part_bytes`` (instead of a ``cp``: one copy either way); prints the part count, or the
+    file itself when it is at most ``inline_bytes``."""
+    return _syncout_file_parts(source, scratch, part_bytes, shell.SANDBOX_ROOT, inline_bytes)
 
 
-def _syncout_file_parts(source: str, scratch: str, part_bytes: int, root: str) -> str:
+def _syncout_file_parts(
+    source: str, scratch: str, part_bytes: int, root: str, inline_bytes: int = 0
+) -> str:
     return "\n".join(
         [
             shell.guard_snippet(source, root),
@@ -249,7 +259,7 @@ def _syncout_file_parts(source: str, scratch: str, part_bytes: int, root: str) -
             f"{{ echo {shell.quote('paperclip: the sandbox path is not a regular file')} >&2; "
             "exit 1; }",
             _split(part_bytes, '"$resolved"', scratch) + " || exit 1",
-            _count_parts(scratch),
+            _count_parts(scratch, inline_bytes),
         ]
     )
 
@@ -261,12 +271,15 @@ def _split(part_bytes: int, source: str, scratch: str) -> str:
     return f"split -b {part_bytes} -d -a {PART_DIGITS} -- {source} {prefix}"
 
 
-def _count_parts(scratch: str) -> str:
+def _count_parts(scratch: str, inline_bytes: int) -> str:
+    """Print the part count and sizes; with ``inline_bytes`` (0: never), one small enough
+    part is printed itself instead, and removed."""
     first = shell.quote(part_path(scratch, 0))
-    return "\n".join(
-        [
-            f"[ -e {first} ] || : > {first} || exit 1",  # split writes nothing for empty input
-            f"set -- {shell.quote(scratch + '.part-')}*",
-            f'echo "{PARTS_MARK} $#" $(stat -c %s -- "$@") || exit 1',
-        ]
-    )
+    lines = [
+        f"[ -e {first} ] || : > {first} || exit 1",  # split writes nothing for empty input
+        f"set -- {shell.quote(scratch + '.part-')}*",
+    ]
+    if inline_bytes:
+        lines.append(sync_inline.pack_tail(inline_bytes))
+    lines.append(f'echo "{PARTS_MARK} $#" $(stat -c %s -- "$@") || exit 1')
+    return "\n".join(lines)

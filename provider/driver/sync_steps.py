@@ -1,13 +1,14 @@
 """One in-sandbox script per inbound sync operation: placement, post-upload commands, cleanup.
 
-Spec 5.4 and 5.9 as ordered steps of a single managed process, so a sync operation costs one
-upload per mapping (or one per byte-range part, :mod:`provider.driver.sync_parts`) plus the
-three requests of one command (create, connect, close) instead of a command per step and a
-cleanup request per mapping. What the steps keep:
+Spec 5.4 and 5.9 as ordered steps of a single command, so a sync operation costs that one
+command (one streaming exec) plus one upload per mapping that did not travel in its stdin
+(:mod:`provider.driver.sync_inline`; or one per byte-range part, :mod:`provider.driver.
+sync_parts`) instead of a command per step and a cleanup request per mapping. What the steps
+keep:
 
 - each mapping is placed by its guarded control text (``sync_parts.placement_text``: the
   single-file texts of :mod:`provider.driver.shell`, or the part-consuming ones for a split
-  upload);
+  upload), after decoding its bytes from stdin into its scratch when they travel inline;
 - each post-upload command first passes the guard for its cwd, then runs **verbatim** as its
   own ``bash -c`` argument (never rewritten or joined with other text) in that cwd, under its
   own ``timeout``;
@@ -40,6 +41,7 @@ _MARK_RE = re.compile(rf"(?:^|\n){STEP_MARK} (\d+)\n")
 class Step:
     label: str  # names the step in an error ("Placing /paperclip-workspace/x")
     text: str  # bash lines; a failure exits non-zero
+    reads_stdin: bool = False  # it decodes its bytes from the script's stdin
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,17 @@ def post_upload_steps(command: str, cwd: str, timeout_s: float) -> list[Step]:
 
 
 def operation_script(steps: Sequence[Step], scratches: Sequence[Scratch]) -> str:
-    """The whole operation as one bash script (each step in its own subshell)."""
+    """The whole operation as one bash script (each step in its own subshell). After the last
+    step that reads the script's stdin, stdin becomes ``/dev/null``: later steps (post-upload
+    commands) see no stdin, as when nothing travels inline."""
     removal = "rm -f -- " + " ".join(word for s in scratches for word in s.removal_words())
     lines = [f"trap {shell.quote(removal)} EXIT", "trap 'exit 143' HUP INT TERM"]
+    readers = [index for index, step in enumerate(steps) if step.reads_stdin]
     for index, step in enumerate(steps):
         lines.append(f"printf '\\n{STEP_MARK} %d\\n' {index} >&2")
         lines.append(f"(\n{step.text}\n) || exit $?")
+        if readers and index == readers[-1]:
+            lines.append("exec </dev/null")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from tests.driver.conftest import Harness
 
 WS = "/paperclip-workspace"
+SCRATCH = "paperclip-createos-transfer-"
 
 
 async def sync_in(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]) -> Any:
@@ -38,6 +39,12 @@ async def sh(h: Harness, lease: dict[str, Any], script: str) -> dict[str, Any]:
         {**h.with_lease(lease), "command": "bash", "args": ["-c", script]}
     )
     return result
+
+
+async def no_scratch(h: Harness, lease: dict[str, Any]) -> None:
+    """No sync scratch (nor a half-written upload of the files API) is left in the sandbox."""
+    listing = await sh(h, lease, "ls -a /tmp")
+    assert SCRATCH not in listing["stdout"] and ".createos-upload-" not in listing["stdout"]
 
 
 def host_temp_leftovers(*dirs: Path) -> list[str]:

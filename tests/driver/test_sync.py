@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from provider.createos.errors import CreateOSError
+from provider.driver.sync_inline import INLINE_OUT_BYTES
 from provider.errors import ProviderError, RequestRefused, TransferError
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
@@ -70,7 +71,8 @@ async def test_broken_download_leaves_the_old_file_untouched(
 ) -> None:
     h = harness
     lease = await h.acquire()
-    await sh(h, lease, f"head -c 100000 /dev/urandom > {WS}/data")
+    # Over the inline bound, so it is downloaded with GET (smaller ones travel inline).
+    await sh(h, lease, f"head -c {INLINE_OUT_BYTES + 1} /dev/urandom > {WS}/data")
     target = tmp_path / "target"
     target.write_bytes(b"precious")
     await h.emulator.admin.add_fault("GET", r"/files$", cut_after_bytes=2)
@@ -265,10 +267,11 @@ async def _sync_requests(h: Harness, lease: dict[str, Any], *ops: dict[str, Any]
     return result, made
 
 
-async def test_a_small_directory_sync_with_its_extract_command_costs_four_requests(
+async def test_a_small_directory_sync_with_its_extract_command_costs_one_request(
     harness: Harness, tmp_path: Path
 ) -> None:
-    """The heartbeat's shape: one archive upload, then the host's extract command."""
+    """The heartbeat's shape: one archive upload, then the host's extract command: the archive
+    travels in the command's stdin, so the whole operation is one streaming exec."""
     h = harness
     lease = await h.acquire()
     source = tmp_path / "assets"
@@ -288,9 +291,7 @@ async def test_a_small_directory_sync_with_its_extract_command_costs_four_reques
         h, lease, op(mapping(archive, remote_tar), post=[{"command": extract, "cwd": WS}])
     )
     assert result["operations"][0]["filesTransferred"] == 1
-    methods = [m for m, _ in made]
-    assert methods == ["PUT", "POST", "GET", "POST"], made
-    assert made[1][1].endswith("/processes") and made[3][1].endswith("/stdin/close")
+    assert [m for m, _ in made] == ["POST"] and made[0][1].endswith("/exec"), made
     check = await sh(h, lease, f"cat {WS}/.paperclip-runtime/assets/a.txt; ls -a /tmp")
     assert check["stdout"].startswith("alpha")
     assert "paperclip-createos-transfer-" not in check["stdout"]  # the trap removed the scratch
@@ -299,7 +300,7 @@ async def test_a_small_directory_sync_with_its_extract_command_costs_four_reques
     tree.mkdir()
     (tree / "x").write_text("x")
     result, made = await _sync_requests(h, lease, op(mapping(tree, f"{WS}/tree", "directory")))
-    assert [m for m, _ in made] == ["PUT", "POST", "GET", "POST"]
+    assert [m for m, _ in made] == ["POST"]
     leftovers = await sh(h, lease, f"cat {WS}/tree/x; ls -a /tmp")
     assert leftovers["stdout"].startswith("x") and "transfer-" not in leftovers["stdout"]
 

@@ -12,6 +12,7 @@ from pytest_httpserver import HTTPServer
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
 from provider.driver.sync_files import get_to_file
+from provider.driver.sync_inline import INLINE_OUT_BYTES
 from provider.errors import TransferError
 from tests.driver.archive_helpers import snapshot
 from tests.driver.conftest import Harness
@@ -77,7 +78,10 @@ async def test_a_200_envelope_from_the_api_leaves_both_targets_as_they_were(
 ) -> None:
     h = harness
     lease = await h.acquire()
-    await sh(h, lease, f"mkdir -p {WS}/d && echo new > {WS}/d/f && echo new > {WS}/f")
+    big = INLINE_OUT_BYTES + 1  # over the inline bound: downloaded with GET
+    await sh(
+        h, lease, f"mkdir -p {WS}/d && head -c {big} /dev/zero > {WS}/d/f && cp {WS}/d/f {WS}/f"
+    )
     host = tmp_path / "host"
     target = host / "t"
     target.mkdir(parents=True)

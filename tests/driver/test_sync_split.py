@@ -32,14 +32,23 @@ from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError
 from tests.call_params import environment_call
 from tests.driver.conftest import Harness
-from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out
+from tests.driver.sync_helpers import (
+    SCRATCH,
+    WS,
+    host_temp_leftovers,
+    mapping,
+    no_scratch,
+    op,
+    sh,
+    sync_in,
+    sync_out,
+)
 
 pytestmark = pytest.mark.anyio
 
 MIB = 1024 * 1024
 LIMIT = 4 * MIB
 PART = 3 * MIB
-SCRATCH = "paperclip-createos-transfer-"
 
 
 @pytest.fixture
@@ -134,11 +143,6 @@ def parts(count: int) -> list[str]:
     return [f".part-{index:04d}" for index in range(count)]
 
 
-async def no_scratch(h: Harness, lease: dict[str, Any]) -> None:
-    listing = await sh(h, lease, "ls -a /tmp")
-    assert SCRATCH not in listing["stdout"] and ".createos-upload-" not in listing["stdout"]
-
-
 async def test_a_tree_over_the_file_limit_syncs_in_and_out_as_parts(
     split_harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -166,7 +170,7 @@ async def test_a_tree_over_the_file_limit_syncs_in_and_out_as_parts(
     puts = file_requests(made, "PUT")
     assert len(puts) == count >= 7
     assert [p[-10:] for p in puts] == parts(count)
-    assert [m for m, _, _ in made] == ["PUT"] * count + ["POST", "GET", "POST"]
+    assert [m for m, _, _ in made] == ["PUT"] * count + ["POST"]
     assert await sandbox_manifest(h, lease, f"{WS}/proj") == expected
     await no_scratch(h, lease)
     assert host_temp_leftovers(Path(tempfile.gettempdir())) == []
@@ -180,7 +184,7 @@ async def test_a_tree_over_the_file_limit_syncs_in_and_out_as_parts(
     count = -(-received // PART)
     gets = file_requests(made, "GET")
     assert len(gets) == count and [p[-10:] for p in gets] == parts(count)
-    assert [m for m, _, _ in made] == ["POST", "GET", "POST"] + ["GET"] * count + ["POST"]
+    assert [m for m, _, _ in made] == ["POST"] + ["GET"] * count + ["POST"]
     assert host_manifest(back) == expected
     assert host_temp_leftovers(tmp_path) == []
     await no_scratch(h, lease)
@@ -221,8 +225,9 @@ async def test_a_file_over_the_file_limit_syncs_in_and_out_as_parts(
 async def test_under_the_part_size_a_sync_costs_the_requests_it_always_did(
     split_harness: Harness, tmp_path: Path
 ) -> None:
-    """Inbound: one PUT per mapping to the plain scratch path, then the operation's command
-    (create, connect, close); outbound: the pack command, one GET of part 0000, the cleanup."""
+    """Inbound: one PUT to the plain scratch path per mapping too large to travel inline, then
+    the operation's command (one exec); outbound: the pack command, then for what is too large
+    to come back inline one GET of part 0000 and the cleanup."""
     h = split_harness
     lease = await h.acquire()
     tree = tmp_path / "tree"
@@ -246,21 +251,22 @@ async def test_under_the_part_size_a_sync_costs_the_requests_it_always_did(
             ),
         ),
     )
-    assert [m for m, _, _ in made] == ["PUT", "PUT", "PUT", "POST", "GET", "POST"]
-    assert made[3][1].endswith("/processes") and made[5][1].endswith("/stdin/close")
+    assert [m for m, _, _ in made] == ["PUT", "POST"]  # the tree and the empty file: inline
+    assert made[1][1].endswith("/exec")
     assert all(SCRATCH in p and ".part-" not in p for p in file_requests(made, "PUT"))
     assert result["operations"][0]["filesTransferred"] == 3
     await no_scratch(h, lease)
 
-    for source, kind, target in [
-        (f"{WS}/tree", "directory", tmp_path / "tree-back"),
-        (f"{WS}/exact", "file", tmp_path / "exact-back"),
-        (f"{WS}/empty", "file", tmp_path / "empty-back"),
+    for source, kind, target, fetched in [
+        (f"{WS}/tree", "directory", tmp_path / "tree-back", False),
+        (f"{WS}/exact", "file", tmp_path / "exact-back", True),
+        (f"{WS}/empty", "file", tmp_path / "empty-back", False),
     ]:
         result, made = await requests_of(h, sync_out(h, lease, op(mapping(source, target, kind))))
-        assert [m for m, _, _ in made] == ["POST", "GET", "POST", "GET", "POST"], (source, made)
-        assert made[0][1].endswith("/processes") and made[4][1].endswith("/exec")
-        assert [p[-10:] for p in file_requests(made, "GET")] == parts(1)
+        expected = ["POST", "GET", "POST"] if fetched else ["POST"]  # small ones come inline
+        assert [m for m, _, _ in made] == expected, (source, made)
+        assert made[0][1].endswith("/exec") and made[-1][1].endswith("/exec")
+        assert [p[-10:] for p in file_requests(made, "GET")] == (parts(1) if fetched else [])
     assert (tmp_path / "exact-back").read_bytes() == exact.read_bytes()
     assert (tmp_path / "empty-back").read_bytes() == b""
     assert os.readlink(tmp_path / "tree-back" / "link") == "x"

@@ -86,10 +86,11 @@ async def test_keepalive_reads_keep_a_silent_command_from_being_idle_paused(
 
 
 def tree(root: Path, name: str, files: int) -> Path:
+    """``files`` files of about 90 KB: an archive too large to travel inline, so it is PUT."""
     folder = root / name
     folder.mkdir()
     for n in range(files):
-        (folder / f"f{n}.txt").write_text(f"{name} {n}\n")
+        (folder / f"f{n}.txt").write_text(f"{name} {n}\n" * 10_000)
     return folder
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from provider.createos.errors import APIConnectionError
+from provider.driver.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import sandbox_shell
@@ -23,7 +24,10 @@ from tests.driver.stream_helpers import sandbox_shell
 API_KEY = "test-key"
 WS = "/paperclip-workspace"
 GONE = {"providerLeaseId": None, "metadata": {"expired": True}}
-REMOTE_TEXT = "remote contents: " + "x" * 64 + "\n"
+REMOTE_TEXT = "remote contents: " + "x" * (INLINE_OUT_BYTES + 64) + "\n"
+"""Over the inline bound of a sync out, so it is downloaded with GET (the cell's endpoint)."""
+UPLOAD_TEXT = "uploaded bytes\n" * (INLINE_IN_CHARS // 15)
+"""Over the inline bound of a sync in (its base64 is 4/3 of it), so it is uploaded with PUT."""
 RUNS_FILE = "/tmp/paperclip-matrix-runs"
 COUNT_RUN = f"echo run >> {RUNS_FILE}; "
 """Prefix of a command whose runs are counted: one line per run."""
@@ -277,7 +281,7 @@ class SyncIn(Scenario):
     async def setup(self) -> None:
         await self.acquire()
         self.source = self.workdir / "upload.txt"
-        self.source.write_text("uploaded bytes\n")
+        self.source.write_text(UPLOAD_TEXT)
 
     async def call(self) -> Any:
         op = {
@@ -294,13 +298,17 @@ class SyncIn(Scenario):
     async def intact(self) -> bool:
         if not self.succeeded(await self.call(), None):
             return False
-        return bool((await self.sh(f"cat {WS}/up.txt"))["stdout"] == "uploaded bytes\n")
+        return bool((await self.sh(f"cat {WS}/up.txt"))["stdout"] == UPLOAD_TEXT)
 
 
 class SyncOut(Scenario):
     async def setup(self) -> None:
         await self.acquire()
-        await self.sh(f"printf %s '{REMOTE_TEXT}' > {WS}/down.txt")
+        xs = len(REMOTE_TEXT) - len("remote contents: \n")
+        await self.sh(
+            f"{{ printf 'remote contents: '; head -c {xs} /dev/zero | tr '\\0' x; echo; }}"
+            f" > {WS}/down.txt"
+        )
         self.target = self.workdir / "out" / "down.txt"
         self.target.parent.mkdir()
         self.target.write_text("old host contents\n")

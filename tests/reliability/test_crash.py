@@ -439,7 +439,7 @@ async def test_worker_killed_between_upload_and_placement_next_call_removes_the_
     lease = await rig.acquire()
     sandbox_id = lease["providerLeaseId"]
     source = tmp_path / "file.txt"
-    source.write_text("a copy of the host's files\n")
+    source.write_text("a copy of the host's files\n" * 10_000)  # too large to travel inline
     mapping = {"sourcePath": str(source), "targetPath": f"{WS}/file.txt", "kind": "file"}
     core = rig.emulator.core
     assert core is not None
