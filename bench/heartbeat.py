@@ -239,6 +239,7 @@ async def run_variant(
     measured.duplex_channels = kinds["duplex_channel"]
     if with_timeline:
         measured.timeline = timeline(wall_start, calls, execs)
+        measured.timeline["run_times"] = {k: v for k, v in run.record.items() if k.endswith("At")}
     return measured
 
 
