@@ -97,6 +97,9 @@ pc_kill() {
 }
 """.strip()
 
+# pc_wait reads the leader's stat after waiting a tenth of the time waited so far (1 to 50 ms;
+# the sum of the waits stands in for a clock): an exit is seen within 10% of the run time plus
+# 1 ms, and a long command is polled 20 times a second.
 _WRAPPER_BODY = r"""
 pc_wait() {
   local d=1000 s=0 r
