@@ -14,11 +14,12 @@ Per run: completed (succeeded) heartbeats, completed heartbeats per minute, each
 time (invoke to final status; median, max) and status, API requests per heartbeat (the emulator's
 log from the run's start to the release of every lease), the busiest 60 s window of request
 starts in that log (must stay <= 280, the pacer's bound: a FAIL line otherwise) and whether the
-emulator answered any 429. The baseline is one lone heartbeat of the same stub agent on the
-host's local environment: each run's median wall time is also printed as a ratio to it. At the
-end the emulator must hold no sandbox, no live process tree and no orphaned host process
-(checked after the server stopped). Writes bench/results/concurrency.json; exit status 1 on a
-FAIL.
+emulator answered any 429, and how many commands were the host's bridge polls and log-tail ticks
+(from the emulator's exec and process histories). The baseline is one lone heartbeat of the same
+stub agent on the host's local environment: each run's median wall time is also printed as a
+ratio to it. At the end the emulator must hold no sandbox, no live process tree and no orphaned
+host process (checked after the server stopped). Writes bench/results/concurrency.json; exit
+status 1 on a FAIL.
 
     .venv/bin/python bench/concurrency.py [--agents 1,2,4,8] [--duration 180]
 """
@@ -37,6 +38,7 @@ from typing import Any, Final
 import anyio
 from _agents import agent_stage
 from _common import save_result
+from _timeline import count_kinds
 
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
 from provider.devtools.agent_heartbeat import AgentSite
@@ -67,6 +69,7 @@ class Run:
     started: float  # monotonic, after the wait for a full bucket
     span_s: float  # counted window: the last final status (at once) or --duration (back to back)
     requests: list[dict[str, Any]]
+    commands: dict[str, int]  # the commands the emulator ran, by kind (bench/_timeline.py)
 
     @property
     def completed(self) -> list[Beat]:
@@ -94,6 +97,8 @@ class Run:
             "requests_per_heartbeat": round(len(self.requests) / max(1, len(self.beats)), 1),
             "busiest_60s_window": max_in_window([r["time"] for r in self.requests], 60.0),
             "answered_429": sum(1 for r in self.requests if r["status"] == 429),
+            "bridge_polls": self.commands.get("bridge_poll", 0),
+            "log_tails": self.commands.get("log_tail", 0),
             "beats": [
                 {"agent": b.agent, "status": b.status, "wall_s": round(b.wall_s, 2), "late": b.late}
                 for b in self.beats
@@ -154,13 +159,19 @@ class Runner:
     ) -> Run:
         await anyio.sleep(CAPACITY * DEFAULT_INTERVAL + 0.05)  # every run starts on a full bucket
         seen = max([0, *(r["seq"] for r in await self.emu.admin.requests())])
+        history_seen = len(await self.emu.admin.process_history())
+        execs_seen = len(await self.emu.admin.exec_history())
         started = time.monotonic()
         await body(started)
         span = window_s if window_s is not None else time.monotonic() - started
         await self.site.wait_released(self.env_id, timeout_s=RELEASE_TIMEOUT_S)
         requests = await self.emu.admin.requests(since=seen)
+        kinds = count_kinds(
+            (await self.emu.admin.process_history())[history_seen:],
+            (await self.emu.admin.exec_history())[execs_seen:],
+        )
         beats.sort(key=lambda b: (b.agent, b.ended))
-        return Run(name, count, beats, started, span, requests)
+        return Run(name, count, beats, started, span, requests, dict(kinds))
 
 
 async def run(counts: list[int], duration_s: float) -> dict[str, Any]:

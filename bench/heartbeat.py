@@ -22,16 +22,18 @@ environment), so the bench can switch pacing (a worker restart between variants,
 timed window) and turn on the worker's call log (``PAPERCLIP_CREATEOS_CALL_LOG``). Per heartbeat:
 wall time (invoke to final status), API requests (emulator log, invoke to the lease's release),
 ``environmentExecute`` calls and their p50/p90 latency, how many were the host's bridge polls and
-log-tail ticks (classified from the commands the emulator ran), requests per execute, and the
-ratio to local, and the agent's bridge round trip (one ``GET /api/agents/me`` from inside the
-sandbox, timed by the stub) with the bridge mode it saw; over the whole run, the busiest 60 s
-window of request starts the emulator saw (``busiest_60s_window``, from its request log's
-timestamps), and what the emulator still held once the server stopped (``left_in_emulator``,
-nothing or exit status 1). The stage (server, emulator, company) is ``_agents.py``'s, shared
-with ``bench/concurrency.py``. Writes bench/results/heartbeat.json.
+log-tail ticks (classified from the commands the emulator ran, its exec and process histories:
+``bench/_timeline.py``), requests per execute, and the ratio to local, and the agent's bridge
+round trip (one ``GET /api/agents/me`` from inside the sandbox, timed by the stub) with the
+bridge mode it saw; over the whole run, the busiest 60 s window of request starts the emulator
+saw (``busiest_60s_window``, from its request log's timestamps), and what the emulator still
+held once the server stopped (``left_in_emulator``, nothing or exit status 1). ``--timeline``
+adds each heartbeat's calls one by one: worker time against the sandbox time of the commands
+each ran. The stage (server, emulator, company) is ``_agents.py``'s, shared with
+``bench/concurrency.py``. Writes bench/results/heartbeat.json.
 
     .venv/bin/python bench/heartbeat.py [--rounds 2] [--back-to-back]
-        [--variants local,sandbox,unpaced,streamed,duplex]
+        [--variants local,sandbox,unpaced,streamed,duplex] [--timeline]
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any, Final
 import anyio
 from _agents import agent_stage
 from _common import save_result
+from _timeline import count_kinds, timeline
 
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
 from provider.devtools.agent_heartbeat import AgentSite
@@ -87,6 +90,7 @@ class Measured:
     bridge_mode: str | None = None  # PAPERCLIP_API_BRIDGE_MODE as the agent saw it
     duplex_channels: int = 0
     channel_writes: list[float] = field(default_factory=list)  # duplexChannelWrite, ms each
+    timeline: dict[str, Any] | None = None  # --timeline: call by call (bench/_timeline.py)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -113,6 +117,8 @@ class Measured:
                 sync_ms=[round(ms) for ms in self.sync_ms],
                 by_endpoint=dict(sorted(self.by_endpoint.items(), key=lambda kv: -kv[1])),
             )
+        if self.timeline is not None:
+            out["timeline"] = self.timeline
         return out
 
     @property
@@ -142,19 +148,6 @@ def make_package(folder: Path) -> Path:
     shim_url = json.dumps((REPO_ROOT / "shim.mjs").as_uri())
     (folder / "bench-shim.mjs").write_text(BENCH_SHIM % shim_url)
     return folder
-
-
-def classify(process: dict[str, Any]) -> str:
-    """What a command the emulator ran was, from the host's scripts (agent-run.md 3)."""
-    text = " ".join([str(process.get("cmd", "")), *map(str, process.get("args") or [])])
-    if "tail -c +" in text:
-        return "log_tail"
-    if "paperclip-bridge/queue" in text or "/queue/requests" in text:
-        return "bridge_poll"
-    args = process.get("args") or []
-    if args[:1] == ["-c"] and "paperclip-bridge-server.mjs" in text:
-        return "duplex_channel"  # channels run under bash -c; commands under bash -lc
-    return "other"
 
 
 class Bench:
@@ -203,6 +196,7 @@ async def run_variant(
     variant: str,
     n: int,
     back_to_back: bool,
+    with_timeline: bool = False,
 ) -> Measured:
     await bench.set_worker_env("0" if variant == "unpaced" else None)
     await bench.set_duplex_bridge(site, variant == "duplex")
@@ -210,6 +204,7 @@ async def run_variant(
         await anyio.sleep(CAPACITY * DEFAULT_INTERVAL + 0.05)  # a full bucket: a lone heartbeat
     seen = max([0, *(r["seq"] for r in await bench.emu.admin.requests())])
     history_seen = len(await bench.emu.admin.process_history())
+    execs_seen = len(await bench.emu.admin.exec_history())
     wall_start = time.time()
     run = await site.heartbeat(agents[variant])
     measured = Measured(variant, n, run.status, run.wall_s)
@@ -237,15 +232,20 @@ async def run_variant(
         for r in requests
         if not LIFECYCLE.match(r["path"]) and not any(a <= r["time"] <= b for a, b in windows)
     )
-    for process in (await bench.emu.admin.process_history())[history_seen:]:
-        kind = classify(process)
-        measured.bridge_polls += kind == "bridge_poll"
-        measured.log_tails += kind == "log_tail"
-        measured.duplex_channels += kind == "duplex_channel"
+    execs = (await bench.emu.admin.exec_history())[execs_seen:]
+    kinds = count_kinds((await bench.emu.admin.process_history())[history_seen:], execs)
+    measured.bridge_polls = kinds["bridge_poll"]
+    measured.log_tails = kinds["log_tail"]
+    measured.duplex_channels = kinds["duplex_channel"]
+    if with_timeline:
+        measured.timeline = timeline(wall_start, calls, execs)
+        measured.timeline["run_times"] = {k: v for k, v in run.record.items() if k.endswith("At")}
     return measured
 
 
-async def run(rounds: int, variants: list[str], back_to_back: bool) -> dict[str, Any]:
+async def run(
+    rounds: int, variants: list[str], back_to_back: bool, with_timeline: bool
+) -> dict[str, Any]:
     results: list[Measured] = []
     async with agent_stage("bench-heartbeat-", "Bench Co") as stage:
         bench = Bench(stage.root, stage.server, stage.emu)
@@ -260,9 +260,12 @@ async def run(rounds: int, variants: list[str], back_to_back: bool) -> dict[str,
             agents[variant] = await stage.sandbox_agent(variant, envs[variant])
         for n in range(rounds):
             for variant in variants:
-                m = await run_variant(bench, stage.site, agents, envs, variant, n, back_to_back)
+                m = await run_variant(
+                    bench, stage.site, agents, envs, variant, n, back_to_back, with_timeline
+                )
                 results.append(m)
-                print(json.dumps(m.as_dict()), flush=True)
+                line = {k: v for k, v in m.as_dict().items() if k != "timeline"}
+                print(json.dumps(line), flush=True)
         starts = [r["time"] for r in await bench.emu.admin.requests()]
     summary = summarize(results)
     summary["busiest_60s_window"] = max_in_window(starts, 60.0)
@@ -322,13 +325,18 @@ def main() -> None:
         action="store_true",
         help="start each paced heartbeat at once instead of on a full bucket",
     )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="record each heartbeat call by call: worker vs sandbox time (bench/_timeline.py)",
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     started = time.monotonic()
-    result = anyio.run(run, args.rounds, variants, args.back_to_back)
+    result = anyio.run(run, args.rounds, variants, args.back_to_back, args.timeline)
     result["wall_s"] = round(time.monotonic() - started, 1)
     for variant, entry in result["summary"].items():
         print(f"{variant:9} {json.dumps(entry)}")

@@ -164,6 +164,8 @@ class Admin:
             return ok({"requests": [e for e in core.log if e["seq"] > since]})
         if (method, path) == ("GET", "/process-history"):
             return ok({"processes": list(core.process_history)})
+        if (method, path) == ("GET", "/exec-history"):
+            return ok({"execs": list(core.exec_history)})
         if (method, path) == ("POST", "/faults"):
             core.faults.append(parse_fault(await self._body(req)))
             return ok({"ok": True, "faults": len(core.faults)})

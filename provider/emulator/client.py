@@ -59,6 +59,11 @@ class EmulatorAdmin:
         data = await self._call("GET", "/process-history")
         return list(data["processes"])
 
+    async def exec_history(self) -> list[dict[str, Any]]:
+        """Every exec spawned so far, streamed or not, with its start and leader-exit times."""
+        data = await self._call("GET", "/exec-history")
+        return list(data["execs"])
+
     async def add_fault(
         self,
         method: str,

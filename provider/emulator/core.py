@@ -88,6 +88,7 @@ class EmulatorCore:
         # Every managed process started, kept after its sandbox is gone (benchmarks classify
         # the commands a client ran): bounded like the request log.
         self.process_history: list[dict[str, Any]] = []
+        self.exec_history: list[dict[str, Any]] = []  # every exec spawned, the same way
         self.rate: dict[str, deque[float]] = {}
         self.guests: list[Guest] = []  # every guest we started (leak checks)
         self.tg: anyio.abc.TaskGroup | None = None
@@ -219,6 +220,23 @@ class EmulatorCore:
         if len(self.process_history) > 20_000:
             del self.process_history[:2_000]
 
+    def record_exec(
+        self, sandbox: Sandbox, cmd: str, args: list[str], *, streamed: bool
+    ) -> dict[str, Any]:
+        """Log a spawned exec; the caller sets its ``exited`` time when the leader exits."""
+        entry: dict[str, Any] = {
+            "sandbox_id": sandbox.id,
+            "cmd": cmd,
+            "args": list(args),
+            "streamed": streamed,
+            "time": time.time(),
+            "exited": None,
+        }
+        self.exec_history.append(entry)
+        if len(self.exec_history) > 20_000:
+            del self.exec_history[:2_000]
+        return entry
+
     async def shutdown(self) -> None:
         """Kill every guest and remove every state dir (used by reset and on exit)."""
         with anyio.CancelScope(shield=True):
@@ -237,6 +255,7 @@ class EmulatorCore:
         self.faults.clear()
         self.log.clear()
         self.process_history.clear()
+        self.exec_history.clear()
         self.rate.clear()
         fresh = Settings()
         fresh.update(self._initial_settings)

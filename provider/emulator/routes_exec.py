@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 import anyio
 
 from .exec_stream import exit_code_of, ndjson_lines, stream_exec
-from .guest import GuestGone, GuestOpError
+from .guest import ChildWatch, GuestGone, GuestOpError
 from .http_messages import FileBody, Response
 from .jsend import ApiError, bad_request, conflict, no_such_route, ok
 from .processes import run_exec
@@ -79,6 +80,8 @@ async def exec_command(ctx: Ctx) -> Response:
         return ok({"result": result, "exec_ms": _ms(started)})
     except GuestGone as exc:
         raise _guest_gone() from exc
+    entry = ctx.core.record_exec(sandbox, cmd, args, streamed=streaming)
+    sandbox.start_soon(lambda: _note_exit(watch, entry))
     payload = (stdin or "").encode()
     if streaming:
         cut = ctx.fault.cut_after_frames if ctx.fault is not None else None
@@ -98,6 +101,11 @@ async def exec_command(ctx: Ctx) -> Response:
         "exit_code": exit_code_of(info),
     }
     return ok({"result": result, "exec_ms": _ms(started)})
+
+
+async def _note_exit(watch: ChildWatch, entry: dict[str, Any]) -> None:
+    await watch.exited.wait()
+    entry["exited"] = time.time()
 
 
 def _ms(started: float) -> float:

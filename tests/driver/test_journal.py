@@ -214,6 +214,26 @@ def test_orphans_exclude_entries_of_live_workers(tmp_path: Path) -> None:
     assert live.orphan_creates(*_origin()) == ["pc-dead"]
 
 
+def test_a_process_removal_skips_its_fsync_and_only_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    writer, reader = LeaseJournal(path), LeaseJournal(path)
+    statements: list[str] = []
+    writer._db.set_trace_callback(statements.append)
+    writer.add_process(scope(), "cmd-1")
+    writer.add_process(scope(), "cmd-2")
+    assert not any("synchronous" in s for s in statements)  # FULL: synced commits
+    writer.remove_process("cmd-1")
+    removal = [s for s in statements if "synchronous" in s or s.startswith("DELETE")]
+    assert removal == [
+        "PRAGMA synchronous=NORMAL",
+        "DELETE FROM main.processes WHERE process_id='cmd-1'",
+        "PRAGMA synchronous=FULL",
+    ]
+    assert writer._db.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL again
+    # Committed all the same: another connection sees the row gone.
+    assert reader._select("SELECT process_id FROM {db}.processes") == [("cmd-2",)]
+
+
 def _origin() -> tuple[str, str]:
     return "http://127.0.0.1:1", scope().key_hash
 

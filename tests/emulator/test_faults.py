@@ -11,7 +11,7 @@ import pytest
 
 from provider.emulator import Emulator, EmulatorAdminError
 
-from .helpers import api, create_sandbox, data, start_process
+from .helpers import api, create_sandbox, data, sh, start_process
 
 pytestmark = pytest.mark.anyio
 
@@ -221,3 +221,27 @@ async def test_process_history_outlives_the_sandbox(emulator: Emulator) -> None:
     assert {p["sandbox_id"] for p in history} == {sandbox_id}
     await emulator.admin.reset()
     assert await emulator.admin.process_history() == []
+
+
+async def test_exec_history_keeps_every_exec_with_its_times(emulator: Emulator) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        assert (await sh(client, sandbox_id, "echo buffered"))["stdout"] == "buffered\n"
+        streamed = await client.post(
+            f"/v1/sandboxes/{sandbox_id}/exec",
+            params={"stream": "true"},
+            json={"cmd": "/bin/echo", "args": ["streamed"]},
+        )
+        assert '{"exit_code": 0}' in streamed.text  # read to its end: the leader has exited
+        assert (await client.delete(f"/v1/sandboxes/{sandbox_id}")).status_code == 200
+    history = await emulator.admin.exec_history()
+    assert [(e["cmd"], e["args"], e["streamed"]) for e in history] == [
+        ("/bin/bash", ["-c", "echo buffered"], False),
+        ("/bin/echo", ["streamed"], True),
+    ]
+    assert {e["sandbox_id"] for e in history} == {sandbox_id}
+    assert all(e["exited"] is not None and e["time"] <= e["exited"] for e in history)
+    assert history[0]["exited"] <= history[1]["time"]
+    assert await emulator.admin.process_history() == []  # execs are not managed processes
+    await emulator.admin.reset()
+    assert await emulator.admin.exec_history() == []
