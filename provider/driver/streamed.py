@@ -26,6 +26,7 @@ crashes mid-command has its tree killed by the next one (:mod:`provider.driver.r
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -34,7 +35,7 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import CreateOSError
-from provider.createos.exec_stream import ExecError, ExecExit, ExecOutput
+from provider.createos.exec_stream import ExecError, ExecEvent, ExecExit, ExecOutput
 from provider.createos.wire import Wire
 from provider.driver.budget import CleanupBound
 from provider.driver.command_script import (
@@ -59,6 +60,8 @@ INLINE_STDIN_BYTES: Final = 262_144
 WORKER_SLACK: Final = 10.0
 """The worker's own deadline is the command's timeout plus this: the wrapper's clock ends the
 command first unless the sandbox cannot answer."""
+EXIT_FRAME_WAIT: Final = 0.05
+"""How long the rest of a stream is read after the end markers (see :func:`_follow`)."""
 SETTLE_SECONDS: Final = 10.0
 """An exec already sent may take this long past the deadline to answer, so that its outcome is
 known rather than cleaned up blind."""
@@ -192,8 +195,13 @@ async def run_streamed(
     raise CommandLost(_lost_message(run))
 
 
-async def _follow(events: Any, run: _Run, on_output: OutputSink | None) -> None:
-    """Relay frames until both markers are in (then stop reading) or the stream ends."""
+async def _follow(
+    events: AsyncIterator[ExecEvent], run: _Run, on_output: OutputSink | None
+) -> None:
+    """Relay frames until both markers are in or the stream ends. After the markers the rest
+    of the stream (its exit frame, at once unless a background child holds stdout) is read for
+    at most :data:`EXIT_FRAME_WAIT`: a stream read to its end gives its connection back to the
+    pool, where one closed early costs the next command a new connection (TLS included)."""
     async for event in events:
         if isinstance(event, ExecOutput):
             scanner = run.scanners[event.stream]
@@ -201,6 +209,9 @@ async def _follow(events: Any, run: _Run, on_output: OutputSink | None) -> None:
             if run.ended:
                 out, err = (run.scanners[name].end for name in ("stdout", "stderr"))
                 run.end = out if out == err else EndStatus("lost")
+                with anyio.move_on_after(EXIT_FRAME_WAIT), contextlib.suppress(CreateOSError):
+                    async for _ in events:  # what a background child writes later is dropped
+                        pass
                 return
         elif isinstance(event, ExecError):
             run.problem = f"CreateOS reported: {event.message}"

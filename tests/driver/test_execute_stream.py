@@ -12,6 +12,8 @@ import anyio
 import httpx
 import pytest
 
+from provider.createos.client import CreateOSClient
+from provider.driver.execute import CommandSpec, run_command
 from provider.driver.streamed import INLINE_STDIN_BYTES, CommandLost
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
@@ -191,3 +193,33 @@ async def test_results_have_the_managed_paths_shape(harness: Harness) -> None:
     late = await run(h, lease, "sleep", "5", timeoutMs=200)
     assert _result_keys(late) == {"exitCode", "timedOut", "stdout", "stderr", "metadata"}
     assert late["metadata"] == {"outputTruncated": False}
+
+
+def closed_connections_to(port: int) -> int:
+    """Client-side TCP sockets to ``port`` in TIME_WAIT: connections this machine closed."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                count += remote_port == port and fields[3] == "06"
+    return count
+
+
+async def test_a_finished_command_gives_its_connection_back(harness: Harness) -> None:
+    """Read to its end, the stream's connection goes back to the pool: the next command does
+    not pay a new connection (with TLS, on CreateOS). Ten commands, no connection closed."""
+    h = harness
+    lease = await h.acquire()
+    port = int(h.emulator.base_url.rsplit(":", 1)[1])
+    async with CreateOSClient(h.emulator.base_url, "test-key") as client:
+        await client.get_sandbox(lease["providerLeaseId"])  # the pool's one connection
+        before = closed_connections_to(port)
+        for _ in range(10):
+            result = await run_command(
+                client, lease["providerLeaseId"], CommandSpec("true"), on_output=None,
+                cleanup_timeout=10,
+            )  # fmt: skip
+            assert result["exitCode"] == 0
+        assert closed_connections_to(port) == before
