@@ -46,7 +46,7 @@ INSTALL_BUDGET_S = 420  # first run only: about 1.5 GB from npm
 SCENARIO_BUDGET_S = 600  # two heartbeats at default pacing: about 90 s each before the fast path
 ROOT = "/paperclip-workspace"
 LIFECYCLE = re.compile(r"^/v1/sandboxes(/sb_[^/]+)?$")
-PROCESS_CREATE = re.compile(r"^/v1/sandboxes/(sb_[^/]+)/processes$")
+PROCESS_CREATE = re.compile(r"^/v1/sandboxes/(sb_[^/]+)/(?:processes|exec)$")
 
 
 def _lifecycle(requests: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -57,7 +57,16 @@ def _lifecycle(requests: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
+async def commands_run(emu: Any) -> list[dict[str, Any]]:
+    """Every command the emulator ran, in order: its execs (each ordinary command is one) and
+    its managed processes (duplex channels, login terminals), by start time."""
+    execs = await emu.admin.exec_history()
+    processes = await emu.admin.process_history()
+    return sorted([*execs, *processes], key=lambda entry: float(entry.get("time", 0)))
+
+
 def _process_sandboxes(requests: list[dict[str, Any]]) -> set[str]:
+    """The sandboxes commands ran in: a streamed exec or a process create names its sandbox."""
     found = set()
     for r in requests:
         match = PROCESS_CREATE.match(r["path"])
@@ -68,7 +77,7 @@ def _process_sandboxes(requests: list[dict[str, Any]]) -> set[str]:
 
 def _polls_request_folder(process: dict[str, Any]) -> bool:
     """A command of the host's file bridge listing its request folder (agent-run.md 3.5)."""
-    text = " ".join(process.get("args", []))
+    text = " ".join(process.get("args") or [])
     return "for file in" in text and "requests" in text and "*.json" in text
 
 
@@ -132,7 +141,7 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str)
             f"heartbeat 1 ran in {ROOT}",
             f"heartbeat 2 ran in {ROOT}",
         ]
-        file_bridge = await emu.admin.process_history()
+        file_bridge = await commands_run(emu)
         assert [first.stub_values("bridge-mode"), second.stub_values("bridge-mode")] == [
             ["queue_v1"],
             ["queue_v1"],
@@ -151,7 +160,7 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str)
         assert (transport.get("transport"), transport.get("outcome")) == ("http2", "ok")
         leases = await site.wait_released(environment_id, 3)
         assert [x["cleanupStatus"] for x in leases] == ["success"] * 3
-        duplex_bridge = (await emu.admin.process_history())[len(file_bridge) :]
+        duplex_bridge = (await commands_run(emu))[len(file_bridge) :]
         assert [p for p in duplex_bridge if _runs_duplex_gateway(p)], "no duplex channel ran"
         assert len([p for p in duplex_bridge if _runs_duplex_gateway(p)]) == 1
         assert not [p for p in duplex_bridge if _polls_request_folder(p)]

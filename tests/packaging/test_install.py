@@ -386,7 +386,7 @@ async def test_the_installed_package_serves_a_lease_under_the_host(
         # The sandbox's own hostname and HOME (the worker has no HOME at all).
         assert result["exitCode"] == 0, result
         assert result["stdout"] == f"installed-marker {name} as root home=/root\n"
-        history = await emulator.admin.process_history()
+        history = await emulator.admin.exec_history()  # one streamed exec per command
         ran = [p["sandbox_id"] for p in history if "installed-marker" in " ".join(p["args"])]
         assert ran == [sandbox_id]
         receipt = await server.peer.call(
