@@ -145,8 +145,6 @@ class ExecStreamCalls(SandboxCalls):
         async with AsyncExitStack() as stack:
             try:
                 chunks = await stack.enter_async_context(stream)
-            except ExecStreamUnsupported:
-                raise
             except NotFound as exc:
                 await self.get_sandbox(sandbox_id)  # NotFound again: the sandbox is gone
                 _STREAMLESS.add(self.base_url)

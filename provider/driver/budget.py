@@ -23,6 +23,8 @@ from typing import Final
 
 import anyio
 
+from provider.errors import RateLimitQueued
+
 HOST_GRACE: Final = 30.0
 """Seconds the host adds to a call's timeout before it gives up on the answer."""
 ANSWER_MARGIN: Final = 2.0
@@ -53,3 +55,14 @@ def host_bound(cap: float, host_timeout: float, *, since: float) -> CleanupBound
 def as_bound(cleanup: CleanupBound | float) -> CleanupBound:
     """``cleanup`` as a bound (a number is a cap without a host budget)."""
     return cleanup if isinstance(cleanup, CleanupBound) else CleanupBound(cleanup)
+
+
+def not_started(timeout: float) -> RateLimitQueued:
+    """The error of a command whose ``timeout`` (seconds) passed while its request still waited
+    for its turn in the rate-limit queue: nothing was sent, nothing ran."""
+    return RateLimitQueued(
+        f"The command did not start within its {timeout:g} s timeout: its request was still "
+        "waiting for its turn in the CreateOS rate-limit queue (the API allows 300 requests a "
+        "minute per address), so nothing was sent and nothing ran. Run it again, with a longer "
+        "timeoutMs or fewer commands at once."
+    )

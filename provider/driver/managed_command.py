@@ -32,12 +32,12 @@ from provider.createos.errors import Conflict, MalformedFrame, NotFound
 from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.createos.wire import Wire
-from provider.driver.budget import CleanupBound
+from provider.driver.budget import CleanupBound, not_started
 from provider.driver.command_size import check_script
 from provider.driver.output import CommandOutput, OutputSink, StreamDecoder
 from provider.driver.sandbox_ops import kill_tree
 from provider.driver.shell import StdinMode, build_wrapper_script
-from provider.errors import CleanupUnconfirmed, ProviderError, RateLimitQueued
+from provider.errors import CleanupUnconfirmed, ProviderError
 
 if TYPE_CHECKING:
     from provider.driver.execute import CommandSpec
@@ -142,12 +142,7 @@ async def run_managed(
     if run.exit is None:
         assert timer.cancelled_caught
         if run.process_id is None and run.create.queued:
-            raise RateLimitQueued(
-                f"The command did not start within its {spec.timeout:g} s timeout: its request "
-                "was still waiting for its turn in the CreateOS rate-limit queue (the API allows "
-                "300 requests a minute per address), so nothing was sent and nothing ran. Run "
-                "it again, with a longer timeoutMs or fewer commands at once."
-            )
+            raise not_started(spec.timeout)
         return {
             "exitCode": None,
             "timedOut": True,

@@ -35,9 +35,9 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.errors import CreateOSError
-from provider.createos.exec_stream import ExecError, ExecEvent, ExecExit, ExecOutput
+from provider.createos.exec_stream import ExecError, ExecEvent, ExecOutput
 from provider.createos.wire import Wire
-from provider.driver.budget import CleanupBound
+from provider.driver.budget import CleanupBound, not_started
 from provider.driver.command_script import (
     TREE_VAR,
     StreamStdin,
@@ -48,7 +48,7 @@ from provider.driver.command_script import (
 from provider.driver.output import CommandOutput, OutputSink
 from provider.driver.sandbox_ops import COMMAND_PREFIX, kill_command
 from provider.driver.stream_end import EndScanner, EndStatus
-from provider.errors import CleanupUnconfirmed, ProviderError, RateLimitQueued
+from provider.errors import CleanupUnconfirmed, ProviderError
 
 if TYPE_CHECKING:
     from provider.driver.execute import CommandSpec
@@ -77,7 +77,6 @@ class _Run(CommandOutput):
     exec_wire: Wire = field(default_factory=lambda: Wire(settle=SETTLE_SECONDS))
     end: EndStatus | None = None
     problem: str | None = None  # why the stream is lost, when it is
-    exit_frame: int | None = None
     open_timed_out: bool = False  # the command's timeout passed before its stream opened
     scanners: dict[str, EndScanner] = field(default_factory=dict)
 
@@ -185,12 +184,7 @@ async def run_streamed(
     timed_out = timer.cancelled_caught or run.open_timed_out
     if (run.end is not None and run.end.kind == "timeout") or timed_out:
         if not run.exec_wire.sent:
-            raise RateLimitQueued(
-                f"The command did not start within its {timeout:g} s timeout: its request was "
-                "still waiting for its turn in the CreateOS rate-limit queue (the API allows 300 "
-                "requests a minute per address), so nothing was sent and nothing ran. Run it "
-                "again, with a longer timeoutMs or fewer commands at once."
-            )
+            raise not_started(timeout)
         return run.result(timed_out=True)
     raise CommandLost(_lost_message(run))
 
@@ -215,8 +209,6 @@ async def _follow(
                 return
         elif isinstance(event, ExecError):
             run.problem = f"CreateOS reported: {event.message}"
-        elif isinstance(event, ExecExit):
-            run.exit_frame = event.exit_code
     for name, scanner in run.scanners.items():
         await run.emit(name, scanner.flush(), on_output)
     if run.problem is None:
