@@ -26,8 +26,8 @@ from typing import Any
 import anyio
 from _common import API_KEY, emulator_process, environment_call, save_result
 
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
 
 ASSETS = {"workspace": 40, "skills": 12, "mcp-config": 2, "config-seed": 4}  # files each

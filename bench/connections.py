@@ -26,8 +26,8 @@ from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import ENV_INTERVAL_MS
 from provider.createos.pool import ConnectionPool
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
 
 

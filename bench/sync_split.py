@@ -55,7 +55,7 @@ from _common import (
 
 from provider.devtools.emulator_process import EmulatorProcess
 from provider.devtools.stdio_host import StdioHost
-from provider.driver.sync import PART_BYTES
+from provider.driver.transfer.sync import PART_BYTES
 
 GOAL_RATIO = 1.3
 GOAL_RSS_MIB = 100.0

@@ -59,8 +59,8 @@ from _common import MIB, emulator_process, environment_call, save_result
 
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, ENV_INTERVAL_MS
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
 
 WS: Final = "/paperclip-workspace"

@@ -22,7 +22,7 @@ import pytest
 
 from live_tests.session import LiveSession
 from provider.devtools.demo_egress import GREETING, connect_script, loopback_listener
-from provider.driver.placement import merge_egress
+from provider.driver.leases.placement import merge_egress
 
 pytestmark = pytest.mark.anyio
 

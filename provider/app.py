@@ -48,7 +48,7 @@ def _driver_table() -> tuple[dict[str, MethodHandler], _HostChannel]:
 def build_dispatcher(*, initialized: bool = False) -> Dispatcher:
     """The dispatcher serving every registered driver method, with the driver's shutdown hook."""
     from provider.driver import methods
-    from provider.driver.text_params import lone_surrogate_policy
+    from provider.driver.core.text_params import lone_surrogate_policy
     from provider.rpc.dispatcher import Dispatcher
 
     table, channel = _driver_table()
@@ -81,7 +81,7 @@ def run_stdio() -> None:
     import anyio
 
     from provider.driver import methods
-    from provider.driver.text_params import lone_surrogate_policy
+    from provider.driver.core.text_params import lone_surrogate_policy
     from provider.rpc.dispatcher import Dispatcher
     from provider.rpc.runner import serve_stdio
 

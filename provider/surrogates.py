@@ -3,7 +3,7 @@
 A JSON string may spell half of a surrogate pair (``"\\ud83d"``: Node writes one for an emoji
 cut in two). Decoded by the standard library it becomes a lone surrogate code point, which no
 UTF-8 encoder accepts. Shared by :mod:`provider.rpc.wire` (which finds such requests) and
-:mod:`provider.driver.text_params` (which decides, per param, what to do with them).
+:mod:`provider.driver.core.text_params` (which decides, per param, what to do with them).
 """
 
 from __future__ import annotations

@@ -59,11 +59,11 @@ class SandboxView(msgspec.Struct, frozen=True):
     created_at: Any = None
     paused_at: Any = None
     # Key names of the sandbox's envs (values are never shown), and the template a fork came
-    # from: how a fork, which takes no name, is found again (provider.driver.forks).
+    # from: how a fork, which takes no name, is found again (provider.driver.leases.forks).
     envs: Any = None
     forked_from: Any = None
     # The outbound allowlist as CreateOS holds it: resume skips its PUT when it already
-    # equals the lease's stored list (provider.driver.leases).
+    # equals the lease's stored list (provider.driver.leases.lifecycle).
     egress: Any = None
 
     @property

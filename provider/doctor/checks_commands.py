@@ -2,8 +2,8 @@
 
 The worker runs every ordinary command as one exec stream whose bash wrapper names the
 command's tree with a token and reads the exit status from ``/proc`` (see
-:mod:`provider.driver.command_script`). What that relies on in the sandbox is checked here with
-the worker's own code:
+:mod:`provider.driver.commands.command_script`). What that relies on in the sandbox is checked here
+with the worker's own code:
 
 - ``command_status``: an exit code and a death by signal come back told apart (``/proc/<pid>/stat``
   field 52 of a zombie, and the end markers through the stream);
@@ -24,14 +24,14 @@ import anyio
 from provider.createos.exec_stream import ExecOutput
 from provider.doctor.checks_streams import Target
 from provider.doctor.report import Finding, ok, violated
-from provider.driver.command_script import (
+from provider.driver.commands.command_script import (
     TREE_VAR,
     kill_confirmed,
     kill_script,
     new_token,
     stream_wrapper,
 )
-from provider.driver.execute import CommandSpec, run_command
+from provider.driver.commands.execute import CommandSpec, run_command
 
 COMMAND_TIMEOUT_S: Final = 30.0
 DAEMON_HOLD_S: Final = 20

@@ -20,7 +20,7 @@ from provider.createos.models import SandboxView
 from provider.doctor.checks_streams import Target
 from provider.doctor.report import Finding, ok, skipped, violated
 from provider.doctor.wire import Seen, Wire
-from provider.driver.keepalive import default_interval
+from provider.driver.core.keepalive import default_interval
 
 POLL_S: Final = 0.5
 TERMINAL: Final = frozenset({"error", "failed", "destroying", "destroyed"})

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from provider.verbs import SERVED_VERBS
 
 if TYPE_CHECKING:
-    from provider.driver.background import BackgroundTasks
+    from provider.driver.core.background import BackgroundTasks
     from provider.driver.service import DriverService
 
 MethodHandler = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -36,7 +36,7 @@ _background: BackgroundTasks | None = None
 def _background_tasks() -> BackgroundTasks:
     global _background
     if _background is None:
-        from provider.driver.background import BackgroundTasks
+        from provider.driver.core.background import BackgroundTasks
 
         _background = BackgroundTasks()
     return _background
@@ -52,9 +52,9 @@ async def background() -> AsyncIterator[None]:
 def _service_for(notify: Notify, log: Log) -> DriverService:
     global _service
     if _service is None:
-        from provider.driver.runtime import DriverRuntime
+        from provider.driver.core.runtime import DriverRuntime
+        from provider.driver.core.state_folder import open_journal
         from provider.driver.service import DriverService
-        from provider.driver.state_folder import open_journal
 
         runtime = DriverRuntime(journal=open_journal(), background=_background_tasks())
         _service = DriverService(runtime, notify=notify, log=log)

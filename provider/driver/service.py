@@ -17,15 +17,16 @@ import anyio
 
 from provider.config import validate_config
 from provider.createos.client import CreateOSClient
-from provider.driver import acquire, leases, template_capture, templates
-from provider.driver.budget import host_bound
-from provider.driver.channels import DuplexChannels
-from provider.driver.execute import CommandSpec, prepare_command, run_command, timeout_seconds
-from provider.driver.interactive import Interactive
-from provider.driver.keepalive import keepalive, warm_window
-from provider.driver.live import LiveRelay
-from provider.driver.login import LoginTerminals
-from provider.driver.params import (
+from provider.driver.commands.execute import (
+    CommandSpec,
+    prepare_command,
+    run_command,
+    timeout_seconds,
+)
+from provider.driver.commands.live import LiveRelay
+from provider.driver.core.budget import host_bound
+from provider.driver.core.keepalive import keepalive, warm_window
+from provider.driver.core.params import (
     AcquireParams,
     CallParams,
     CancelSetupParams,
@@ -40,16 +41,21 @@ from provider.driver.params import (
     SyncParams,
     decode_params,
 )
-from provider.driver.probe import probe
-from provider.driver.process_records import JournaledProcesses
-from provider.driver.reaper import Reaper
-from provider.driver.recovery import claim_lease
-from provider.driver.registry import LeaseRef
-from provider.driver.runtime import BoundCall, DriverRuntime, bind_call, deadline, owned_scope
-from provider.driver.sync import SyncSession
-from provider.driver.sync_plan import Direction, plan_sync
-from provider.driver.sync_size import check_sync_sizes
-from provider.driver.tracker import ScopeKey
+from provider.driver.core.process_records import JournaledProcesses
+from provider.driver.core.runtime import BoundCall, DriverRuntime, bind_call, deadline, owned_scope
+from provider.driver.core.tracker import ScopeKey
+from provider.driver.interactive.channels import DuplexChannels
+from provider.driver.interactive.hub import Interactive
+from provider.driver.interactive.login import LoginTerminals
+from provider.driver.interactive.registry import LeaseRef
+from provider.driver.leases import acquire, lifecycle
+from provider.driver.leases.probe import probe
+from provider.driver.leases.reaper import Reaper
+from provider.driver.leases.recovery import claim_lease
+from provider.driver.setup import template_capture, templates
+from provider.driver.transfer.sync import SyncSession
+from provider.driver.transfer.sync_plan import Direction, plan_sync
+from provider.driver.transfer.sync_size import check_sync_sizes
 from provider.errors import CleanupUnconfirmed, InvalidParams
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -149,13 +155,13 @@ class DriverService:
     async def resume(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseIdParams, "environmentResumeLease")
         with self.reaper.in_use(decoded.providerLeaseId):
-            lease = await leases.resume(self.runtime, decoded)
+            lease = await lifecycle.resume(self.runtime, decoded)
         self._register(decoded, lease.get("providerLeaseId"), lease.get("metadata"))
         return lease
 
     async def release(self, params: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_params(params, LeaseIdParams, "environmentReleaseLease")
-        return await leases.release(
+        return await lifecycle.release(
             self.runtime,
             decoded,
             destroy=False,
@@ -165,13 +171,13 @@ class DriverService:
 
     async def destroy(self, params: dict[str, Any]) -> dict[str, Any] | None:
         decoded = decode_params(params, LeaseIdParams, "environmentDestroyLease")
-        return await leases.release(
+        return await lifecycle.release(
             self.runtime, decoded, destroy=True, before_teardown=self._close_sessions
         )
 
     async def realize(self, params: dict[str, Any]) -> dict[str, Any]:
         decoded = decode_params(params, LeaseParams, "environmentRealizeWorkspace")
-        result = await leases.realize(self.runtime, decoded)
+        result = await lifecycle.realize(self.runtime, decoded)
         self._register(decoded, decoded.lease.providerLeaseId, decoded.lease.metadata)
         return result
 

@@ -23,9 +23,9 @@ import pytest
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.driver.journal import LeaseJournal
-from provider.driver.reaper import Reaper
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
+from provider.driver.leases.reaper import Reaper
 from provider.driver.service import DriverService as DriverMethods
 from provider.emulator import Emulator
 

@@ -1,6 +1,6 @@
 """Our own extraction, the one path on every Python: exact trees, the ``data`` filter's rules,
 hostile archives, and installs that fail leaving the target exactly as it was
-(provider/driver/archive_extract.py, archive_install.py)."""
+(provider/driver/transfer/archive_extract.py, archive_install.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from provider.driver.archive import ArchiveRefused, extract_archive
-from provider.driver.archive_extract import file_mode
+from provider.driver.transfer.archive import ArchiveRefused, extract_archive
+from provider.driver.transfer.archive_extract import file_mode
 from provider.errors import TransferError
 from tests.driver.archive_helpers import (
     HOSTILE,

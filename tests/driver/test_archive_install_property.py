@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from provider.driver.archive import extract_archive
+from provider.driver.transfer.archive import extract_archive
 from provider.errors import TransferError
 from tests.driver.archive_helpers import Member, entry, snapshot, write_tar
 

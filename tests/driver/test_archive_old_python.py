@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import provider
-from provider.driver.archive import extract_archive
+from provider.driver.transfer.archive import extract_archive
 from tests.driver.archive_helpers import HOSTILE, entry, sample_archive, snapshot, write_tar
 
 CANDIDATES = ("/usr/bin/python3", "/usr/bin/python3.11")
@@ -24,7 +24,7 @@ _SCRIPT = """
 import json, sys, tarfile
 sys.path[:0] = json.loads(sys.argv[1])
 from pathlib import Path
-from provider.driver.archive import extract_archive
+from provider.driver.transfer.archive import extract_archive
 from provider.errors import TransferError
 results = {"version": list(sys.version_info[:3]), "data_filter": hasattr(tarfile, "data_filter")}
 for archive, target in json.loads(sys.argv[2]):

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from provider.driver.archive import extract_archive, validate_archive
+from provider.driver.transfer.archive import extract_archive, validate_archive
 from provider.errors import TransferError
 
 DEPTH = 40  # the destination sits this deep, so even long ".." chains stay inside the sandbox dir

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provider.driver.archive import (
+from provider.driver.transfer.archive import (
     ArchiveRefused,
     build_directory_archive,
     extract_archive,

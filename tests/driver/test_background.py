@@ -7,7 +7,7 @@ from contextvars import ContextVar
 import anyio
 import pytest
 
-from provider.driver.background import BackgroundTasks
+from provider.driver.core.background import BackgroundTasks
 
 pytestmark = pytest.mark.anyio
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from provider.driver.command_size import MAX_SCRIPT_BYTES, utf8_size
-from provider.driver.execute import CommandSpec, build_command
+from provider.driver.commands.command_size import MAX_SCRIPT_BYTES, utf8_size
+from provider.driver.commands.execute import CommandSpec, build_command
 from provider.errors import InvalidParams
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import sync_in, sync_out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from provider.driver.output import LIVE_CHUNK_MAX
+from provider.driver.commands.output import LIVE_CHUNK_MAX
 from provider.errors import ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import run, token_carriers

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from provider.createos.client import CreateOSClient
-from provider.driver.execute import CommandSpec, run_command
-from provider.driver.streamed import INLINE_STDIN_BYTES, CommandLost
+from provider.driver.commands.execute import CommandSpec, run_command
+from provider.driver.commands.streamed import INLINE_STDIN_BYTES, CommandLost
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import (

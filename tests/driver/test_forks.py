@@ -1,11 +1,12 @@
-"""Fork tokens (provider.driver.forks): how a fork, which takes no name, is recognised again."""
+"""Fork tokens (provider.driver.leases.forks): how a fork, which takes no name, is recognised
+again."""
 
 from __future__ import annotations
 
 import re
 
 from provider.createos.models import SandboxView
-from provider.driver.forks import carries_token, fork_token
+from provider.driver.leases.forks import carries_token, fork_token
 
 
 def test_fork_tokens_are_fresh_env_keys() -> None:

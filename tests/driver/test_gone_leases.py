@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from provider.createos.errors import NotFound
-from provider.driver.gone import RELEASED, GoneLeases
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.gone import RELEASED, GoneLeases
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
+from provider.driver.core.tracker import ScopeKey
 from provider.driver.service import DriverService
-from provider.driver.tracker import ScopeKey
 from provider.errors import LeaseGone
 from tests.driver.conftest import Harness, unpaced_client
 

@@ -17,9 +17,9 @@ import anyio
 import pytest
 
 from provider.devtools.emulator_process import EmulatorProcess
-from provider.driver.budget import HOST_GRACE
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.budget import HOST_GRACE
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
 from provider.emulator import BwrapUnavailable
 from provider.emulator.bwrap import probe_runtime

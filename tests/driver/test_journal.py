@@ -18,10 +18,10 @@ import anyio
 import pytest
 
 from provider.createos.client import CreateOSClient
-from provider.driver import journal as journal_module
-from provider.driver import owners as owners_module
-from provider.driver.journal import LeaseJournal
-from provider.driver.owners import (
+from provider.driver.core import journal as journal_module
+from provider.driver.core import owners as owners_module
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.owners import (
     ABANDONED,
     Owner,
     ProcStat,
@@ -30,9 +30,9 @@ from provider.driver.owners import (
     parse_owner,
     parse_proc_stat,
 )
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.runtime import DriverRuntime
+from provider.driver.core.tracker import ScopeKey
 from provider.driver.service import DriverService
-from provider.driver.tracker import ScopeKey
 from provider.errors import RequestRefused
 from tests.driver.conftest import SHAPE, Harness, unpaced_client
 from tests.driver.stream_helpers import token_carriers
@@ -326,8 +326,8 @@ async def test_next_call_kills_a_crashed_workers_streamed_command_by_its_token(
 ZOMBIE_WRITER = """
 import sys
 from pathlib import Path
-from provider.driver.journal import LeaseJournal
-from provider.driver.tracker import ScopeKey
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.tracker import ScopeKey
 path, process_id, *scope = sys.argv[1:]
 LeaseJournal(Path(path)).add_process(ScopeKey(*scope), process_id)
 print("journaled", flush=True)

@@ -8,9 +8,9 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.driver.live import LiveRelay
-from provider.driver.output import LIVE_CHUNK_MAX, LiveBudget
-from provider.driver.runtime import DriverRuntime
+from provider.driver.commands.live import LiveRelay
+from provider.driver.commands.output import LIVE_CHUNK_MAX, LiveBudget
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
 from tests.driver.conftest import Harness, unpaced_client
 

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.driver.login import login_script
+from provider.driver.interactive.login import login_script
 from provider.errors import RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.session_helpers import answered, notes, open_params, until

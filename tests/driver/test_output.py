@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provider.driver.output import (
+from provider.driver.commands.output import (
     DEFAULT_TAIL_LIMIT,
     LIVE_BUDGET,
     LIVE_CHUNK_MAX,

@@ -21,8 +21,8 @@ import pytest
 
 from provider.config import parse_config
 from provider.createos.client import CreateOSClient
-from provider.driver.reuse import name_token, scope_tag
-from provider.driver.sandbox_ops import transition
+from provider.driver.commands.sandbox_ops import transition
+from provider.driver.core.names import name_token, scope_tag
 from tests.driver.conftest import Harness, unpaced_client
 
 pytestmark = pytest.mark.anyio

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provider.driver.registry import LeaseRef, LeaseRegistry
+from provider.driver.interactive.registry import LeaseRef, LeaseRegistry
 
 
 def test_the_latest_registration_wins_and_remove_forgets() -> None:

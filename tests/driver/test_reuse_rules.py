@@ -11,14 +11,12 @@ import pytest
 
 from provider.config import parse_config
 from provider.createos.models import SandboxView
-from provider.driver.placement import egress_in_place, is_keepable
-from provider.driver.reuse import (
+from provider.driver.core.names import is_ours, name_token, scope_tag
+from provider.driver.leases.placement import egress_in_place, is_keepable
+from provider.driver.leases.reuse import (
     ReapChoice,
-    is_ours,
     is_reusable,
-    name_token,
     parse_time,
-    scope_tag,
     select_for_reaping,
 )
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from provider.driver.templates import SETUP_METADATA_KEYS, connection_payload, endpoint_digest
+from provider.driver.setup.templates import SETUP_METADATA_KEYS, connection_payload, endpoint_digest
 from provider.errors import RequestRefused
 from tests.driver.conftest import SHAPE, Harness
 from tests.driver.templates_support import (

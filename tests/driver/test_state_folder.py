@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from provider.createos.client import CreateOSClient
-from provider.driver import state_folder
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
-from provider.driver.service import DriverService
-from provider.driver.state_folder import (
+from provider.driver.core import state_folder
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
+from provider.driver.core.state_folder import (
     JOURNAL_NAME,
     STANDALONE,
     instance_dir,
@@ -26,7 +25,8 @@ from provider.driver.state_folder import (
     open_journal,
     state_roots,
 )
-from provider.driver.tracker import ScopeKey
+from provider.driver.core.tracker import ScopeKey
+from provider.driver.service import DriverService
 from tests.driver.conftest import SHAPE, Harness, unpaced_client
 
 UUID_A = "6f1c2a43-8d0e-4a55-9d0b-2f5e8c4b7a10"

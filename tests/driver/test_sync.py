@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from provider.createos.errors import CreateOSError
-from provider.driver.sync_inline import INLINE_OUT_BYTES
+from provider.driver.transfer.sync_inline import INLINE_OUT_BYTES
 from provider.errors import ProviderError, RequestRefused, TransferError
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import WS, host_temp_leftovers, mapping, op, sh, sync_in, sync_out

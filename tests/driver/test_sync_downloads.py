@@ -11,8 +11,8 @@ from pytest_httpserver import HTTPServer
 
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.driver.sync_files import get_to_file
-from provider.driver.sync_inline import INLINE_OUT_BYTES
+from provider.driver.transfer.sync_files import get_to_file
+from provider.driver.transfer.sync_inline import INLINE_OUT_BYTES
 from provider.errors import TransferError
 from tests.driver.archive_helpers import snapshot
 from tests.driver.conftest import Harness

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from provider.driver import sync_files
+from provider.driver.transfer import sync_files
 
 
 def test_chunks_are_written_in_order_without_a_joined_copy(tmp_path: Path) -> None:

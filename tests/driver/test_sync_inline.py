@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from provider.driver.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES, encode
+from provider.driver.transfer.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES, encode
 from provider.errors import ProviderError
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import last_seq, requests_since, use_managed_processes

@@ -1,6 +1,6 @@
-"""The texts and the decoding of provider.driver.sync_inline, run by real bash against a private
-root: the receive step takes exactly its run of stdin and refuses a short or bad one, the pack
-command prints one small part inline and removes it, and the worker decodes only strict
+"""The texts and the decoding of provider.driver.transfer.sync_inline, run by real bash against a
+private root: the receive step takes exactly its run of stdin and refuses a short or bad one, the
+pack command prints one small part inline and removes it, and the worker decodes only strict
 base64 of exactly the announced size within the bound."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from provider.driver import sync_inline, sync_parts
-from provider.driver.output import DEFAULT_TAIL_LIMIT
-from provider.driver.streamed import INLINE_STDIN_BYTES
-from provider.driver.sync_inline import INLINE_MARK, encode, encoded_length, parse_inline
+from provider.driver.commands.output import DEFAULT_TAIL_LIMIT
+from provider.driver.commands.streamed import INLINE_STDIN_BYTES
+from provider.driver.transfer import sync_inline, sync_parts
+from provider.driver.transfer.sync_inline import INLINE_MARK, encode, encoded_length, parse_inline
 from tests.driver.shell_helpers import make_tree, run_bash
 
 

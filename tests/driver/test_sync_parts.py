@@ -1,5 +1,5 @@
-"""The byte-range part texts of provider.driver.sync_parts, run by real bash against a private
-root (the tree of tests/driver/test_shell.py): outbound packs into parts behind the guard,
+"""The byte-range part texts of provider.driver.transfer.sync_parts, run by real bash against a
+private root (the tree of tests/driver/test_shell.py): outbound packs into parts behind the guard,
 inbound parts placed in order, plus the part arithmetic and the removal argv."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from provider.driver import sync_parts
-from provider.driver.sync_parts import Scratch
+from provider.driver.transfer import sync_parts
+from provider.driver.transfer.sync_parts import Scratch
 from tests.driver.shell_helpers import make_tree, run_bash
 
 

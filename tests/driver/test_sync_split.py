@@ -1,9 +1,9 @@
 """Large trees and files (issue 14 item 5): sync in and out as byte-range parts.
 
 The emulator's per-file limit is lowered (``max_file_bytes``, 413 above it) and the part size
-injected small (``provider.driver.sync.PART_BYTES``, which a SyncSession reads when it is made),
-so a tree of about 20 MiB travels as several parts. Checked: byte-identical results both ways,
-one ``PUT`` or ``GET`` per part, the same requests as before under the part size, and no
+injected small (``provider.driver.transfer.sync.PART_BYTES``, which a SyncSession reads when it is
+made), so a tree of about 20 MiB travels as several parts. Checked: byte-identical results both
+ways, one ``PUT`` or ``GET`` per part, the same requests as before under the part size, and no
 scratch left in the sandbox or on the host when a part fails. The acceptance test moves a 2 GiB
 tree through a real worker process against a 500 MiB per-file limit with the default part size.
 The part texts themselves run in real bash in tests/driver/test_sync_parts.py.
@@ -26,7 +26,7 @@ import pytest
 
 from provider.createos.upload import UploadBody
 from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
-from provider.driver import sync
+from provider.driver.transfer import sync
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from provider.driver import forks
-from provider.driver.templates import endpoint_digest
+from provider.driver.leases import forks
+from provider.driver.setup.templates import endpoint_digest
 from provider.errors import CleanupUnconfirmed, InvalidParams, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.templates_support import (

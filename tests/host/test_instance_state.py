@@ -21,7 +21,7 @@ import pytest
 from provider.createos.client import CreateOSClient
 from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError
-from provider.driver.journal import LeaseJournal
+from provider.driver.core.journal import LeaseJournal
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS

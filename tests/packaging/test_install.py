@@ -401,7 +401,7 @@ async def test_the_installed_package_serves_a_lease_under_the_host(
 
     # Nothing written in the plugins folder but bytecode caches inside both packages. The lease
     # journal lives in the account's home, which an upgrade leaves alone (the worker has no
-    # HOME: provider/driver/state_folder.py reads it from the password database), in the
+    # HOME: provider/driver/core/state_folder.py reads it from the password database), in the
     # folder of this instance's plugin id.
     assert list(server.cwd.iterdir()) == []
     assert_installed_layout(installed)

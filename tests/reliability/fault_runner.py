@@ -39,10 +39,10 @@ import httpx
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.commands.streamed import CommandLost
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
-from provider.driver.streamed import CommandLost
 from provider.emulator import Emulator
 from provider.errors import RequestRefused
 from tests.driver.conftest import Harness

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from provider.createos.errors import APIConnectionError
-from provider.driver.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES
+from provider.driver.transfer.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import Harness
 from tests.driver.stream_helpers import sandbox_shell

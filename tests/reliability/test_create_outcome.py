@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from provider.createos.errors import APITimeout
-from provider.driver.journal import LeaseJournal
+from provider.driver.core.journal import LeaseJournal
 from provider.emulator import Emulator
 from tests.reliability.fault_runner import find_leaks, matrix_harness
 

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
-from provider.driver.journal import LeaseJournal
-from provider.driver.runtime import DriverRuntime
+from provider.driver.core.journal import LeaseJournal
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService
 from provider.errors import ProviderError
 from provider.rpc import wire

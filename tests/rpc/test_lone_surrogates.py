@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from provider.driver.text_params import lone_surrogate_policy
+from provider.driver.core.text_params import lone_surrogate_policy
 from provider.rpc.dispatcher import Dispatcher
 from tests.rpc.harness import serving
 
