@@ -2,32 +2,14 @@
 
 Every exception the worker raises on purpose derives from :class:`ProviderError`. Its message is
 *public*: it reaches Paperclip operators (HTTP 422 bodies, probe summaries, run logs), so it must
-never contain an API key, a provider response body or a credential-bearing URL. The JSON-RPC
-dispatcher (``provider.rpc.dispatcher``) is the only place that turns exceptions into JSON-RPC
-errors: a ``ProviderError`` becomes code -32002 (WORKER_ERROR) with its message; anything else
-becomes -32002 with a generic message (the traceback goes to stderr only).
+never contain an API key, a provider response body or a credential-bearing URL.
+``provider.rpc.errors`` is the only place that turns exceptions into JSON-RPC errors: an
+``InvalidParams`` becomes code -32602 (INVALID_PARAMS) and any other ``ProviderError`` -32002
+(WORKER_ERROR), each with its message; anything else becomes -32002 with a generic message (the
+traceback goes to stderr only).
 
-::
-
-    ProviderError
-    ├── ConfigError                 environment config invalid (field named, fix stated)
-    ├── RequestRefused              call refused before any side effect (foreign lease, lease
-    │   │                           closing, worker shutting down, unconfined path, ...)
-    │   ├── InvalidParams           params missing, not an object or of the wrong type (-32602)
-    │   └── LeaseGone               the lease's sandbox was deleted (zero requests spent on it)
-    ├── RateLimitQueued             the deadline passed in the rate-limit queue; nothing was sent
-    ├── OperationCancelled          work cancelled by release / destroy / shutdown
-    ├── CleanupUnconfirmed          a remote process (or sandbox) may still exist; lease poisoned
-    ├── TransferError               file sync failed (download cut, archive refused, command failed)
-    └── CreateOSError               provider.createos.errors: everything the HTTP API can do wrong
-        ├── APIStatusError          an HTTP status (status, operation)
-        │   ├── NotFound            404 (unknown *or foreign* resource)
-        │   ├── Conflict            409
-        │   ├── OutputEvicted       410 (process journal dropped unread output)
-        │   ├── RateLimited         429
-        │   └── ServerError         5xx
-        ├── APIConnectionError      transport failure, redirect, read timeout
-        └── APIProtocolError        malformed envelope, invalid id, bad stream frame
+The whole tree, with the code and log level each class gets, is drawn once in
+``docs/architecture.md``, section "Errors" (``tests/test_error_tree.py`` pins it).
 """
 
 from __future__ import annotations

@@ -6,25 +6,7 @@ them (for :mod:`provider.createos.core`, which alone calls httpx). Messages are 
 ``"create sandbox"`` and, for status errors, the HTTP status. They never carry a response body,
 a URL or the API key.
 
-::
-
-    CreateOSError
-    ├── APIStatusError            .status, .operation, .retry_after
-    │   ├── AuthError             401, 403
-    │   ├── NotFound              404 (unknown *or foreign* resource)
-    │   ├── Conflict              409
-    │   ├── OutputEvicted         410, or the stream's output_offset_expired frame
-    │   ├── RateLimited           429
-    │   └── ServerError           5xx
-    ├── APIConnectionError        transport failure, refused redirect
-    │   └── APITimeout            connect/read/write/pool timeout
-    └── APIProtocolError          malformed envelope or payload, invalid id
-        ├── InvalidIdentifier     an id that may not go into a URL path (no request was made)
-        ├── MalformedFrame        an output-stream line that breaks the frame rules
-        ├── StreamGap             a data frame whose seq skips ahead of the cursor
-        ├── StreamError           an error frame other than output_offset_expired
-        ├── MissingExitStatus     an exit frame with neither exit_code nor signal
-        └── ReconnectBudgetExhausted  the output stream could not be followed to its exit
+The tree of these classes is drawn once in ``docs/architecture.md``, section "Errors".
 """
 
 from __future__ import annotations
