@@ -28,6 +28,7 @@ from provider.devtools.host_peer import HostPeer
 from provider.devtools.peer_sessions import PeerCallError, SessionExit, SessionTarget
 from provider.devtools.procfs import pid_alive
 from provider.emulator import Emulator
+from provider.rpc import wire
 from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS
 
@@ -292,7 +293,7 @@ async def test_failed_opens_reject_and_the_hosts_follow_up_closes_are_acknowledg
         await flow.peer.open_duplex_channel(unknown, ["cat"])
     with pytest.raises(PeerCallError) as empty:
         await flow.peer.open_duplex_channel(target, [])
-    assert empty.value.code == -32602 and "non-empty" in empty.value.message
+    assert empty.value.code == wire.INVALID_PARAMS and "non-empty" in empty.value.message
     with pytest.raises(PeerCallError, match="no such lease"):
         await flow.peer.open_login_pty(
             unknown, login_command_key="codex", session_home=session_home()

@@ -18,6 +18,7 @@ from provider.app import build_dispatcher
 from provider.devtools.host_peer import REPO_ROOT, HostPeer
 from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import pid_alive, wait_until_gone
+from provider.rpc import wire
 from tests.host.peer_helpers import package_copy, streaming_package
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
@@ -115,10 +116,10 @@ async def test_the_host_loads_our_package_starts_serves_and_stops_the_worker(
 
     with pytest.raises(PeerCallError) as unknown:
         await peer.call("noSuchMethod", {})
-    assert unknown.value.code == -32601
+    assert unknown.value.code == wire.METHOD_NOT_FOUND
     with pytest.raises(PeerCallError) as hook:
         await peer.call("validateConfig", {"config": {}})
-    assert hook.value.code == -32004
+    assert hook.value.code == wire.METHOD_NOT_IMPLEMENTED
 
     await peer.stop_worker()
     assert await wait_until_gone(worker_pid, EXIT_GUARD_S)
@@ -274,6 +275,6 @@ async def test_a_lone_surrogate_from_the_host_is_answered_at_once_under_its_call
             {"driverKey": "createos", "config": config},
             timeout_ms=15_000,
         )
-    assert refused.value.code == -32602, refused.value
+    assert refused.value.code == wire.INVALID_PARAMS, refused.value
     assert "params.config.apiKey holds a lone UTF-16 surrogate" in str(refused.value)
     await peer.stop_worker()

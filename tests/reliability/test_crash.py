@@ -40,13 +40,13 @@ from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import wait_until_gone
 from provider.driver.core.state_folder import ENV_PLUGIN_ID, JOURNAL_NAME, instance_dir, state_roots
 from provider.emulator import Emulator
+from provider.rpc.wire import WORKER_UNAVAILABLE
 from tests.call_params import environment_call
 from tests.driver.stream_helpers import TREE_SCAN
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
 CALL_TIMEOUT_MS = 120_000
-WORKER_UNAVAILABLE = -32000
 EXIT_GUARD_S = 20.0
 WS = "/paperclip-workspace"
 # A command whose tree outlives its parent: a double-forked sleeper, a setsid one, a loop.

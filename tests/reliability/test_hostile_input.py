@@ -34,6 +34,7 @@ from provider.driver.core.text_params import lone_surrogate_policy
 from provider.driver.service import DriverService
 from provider.emulator import Emulator
 from provider.rpc.dispatcher import Dispatcher
+from provider.rpc.wire import INVALID_PARAMS, WORKER_ERROR
 from tests.call_params import environment_call
 from tests.driver.conftest import unpaced_client
 from tests.rpc.harness import FakeHost, serving
@@ -41,8 +42,6 @@ from tests.rpc.harness import FakeHost, serving
 pytestmark = pytest.mark.anyio
 
 WS = "/paperclip-workspace"
-INVALID_PARAMS = -32602
-WORKER_ERROR = -32002
 SENTINEL = "SENTINEL-7f3a"  # planted in refused values: no error message may repeat it
 
 

@@ -10,6 +10,7 @@ import pytest
 from provider.errors import ConfigError, InvalidParams, ProviderError
 from provider.replies import AfterReply
 from provider.rpc import dispatcher as dispatcher_module
+from provider.rpc import wire
 from provider.rpc.dispatcher import Dispatcher
 from provider.rpc.errors import HostCallError
 from provider.rpc.outbound import current_invocation_id
@@ -58,11 +59,11 @@ async def test_supported_methods_list_only_what_is_registered() -> None:
 async def test_requests_before_initialize_are_refused_and_a_second_initialize_too() -> None:
     async with serving(Dispatcher({"environmentProbe": _echo})) as host:
         early = await host.request("environmentProbe", {})
-        assert early["error"]["code"] == -32002
+        assert early["error"]["code"] == wire.WORKER_ERROR
         assert "not been initialized" in early["error"]["message"]
         await host.initialize()
         again = await host.request("initialize", {})
-        assert again["error"]["code"] == -32002
+        assert again["error"]["code"] == wire.WORKER_ERROR
         assert "already initialized" in again["error"]["message"]
         served = await host.request("environmentProbe", {"x": 1})
         assert served["result"] == {"echo": {"x": 1}}
@@ -90,9 +91,9 @@ async def test_malformed_line_gets_parse_error_with_null_id_and_the_loop_continu
         await host.send_raw(b"{not json\n")
         reply = await host.receive()
         assert reply["id"] is None
-        assert reply["error"]["code"] == -32700
+        assert reply["error"]["code"] == wire.PARSE_ERROR
         await host.send_raw(b"\xff\xfe garbage bytes\n")
-        assert (await host.receive())["error"]["code"] == -32700
+        assert (await host.receive())["error"]["code"] == wire.PARSE_ERROR
         await host.initialize()
         assert (await host.request("health", {}))["result"] == {"status": "ok"}
 
@@ -115,7 +116,7 @@ async def test_invalid_request_shapes_get_invalid_request(
     async with serving(Dispatcher({})) as host:
         await host.send_raw(line + b"\n")
         reply = await host.receive()
-        assert reply["error"]["code"] == -32600
+        assert reply["error"]["code"] == wire.INVALID_REQUEST
         assert reply["id"] == expected_id
 
 
@@ -123,11 +124,11 @@ async def test_unknown_method_is_method_not_found_and_sdk_hooks_are_not_implemen
     async with serving(Dispatcher({})) as host:
         await host.initialize()
         unknown = await host.request("noSuchMethod", {})
-        assert unknown["error"]["code"] == -32601
+        assert unknown["error"]["code"] == wire.METHOD_NOT_FOUND
         hook = await host.request("validateConfig", {"config": {}})
-        assert hook["error"]["code"] == -32004
+        assert hook["error"]["code"] == wire.METHOD_NOT_IMPLEMENTED
         unserved_verb = await host.request("environmentExecute", {})
-        assert unserved_verb["error"]["code"] == -32004
+        assert unserved_verb["error"]["code"] == wire.METHOD_NOT_IMPLEMENTED
 
 
 @pytest.mark.parametrize("params", [None, [1, 2], "text", 5])
@@ -139,7 +140,7 @@ async def test_params_missing_or_not_an_object_is_invalid_params(params: Any) ->
         else:
             request_id = await host.send_request("environmentProbe", params)
         reply = await host.response_to(request_id)
-        assert reply["error"]["code"] == -32602
+        assert reply["error"]["code"] == wire.INVALID_PARAMS
 
 
 async def test_exceptions_map_to_json_rpc_errors_in_one_place(
@@ -166,18 +167,18 @@ async def test_exceptions_map_to_json_rpc_errors_in_one_place(
     async with serving(Dispatcher(methods)) as host:
         await host.initialize()
         assert (await host.request("environmentAcquireLease", {}))["error"] == {
-            "code": -32602,
+            "code": wire.INVALID_PARAMS,
             "message": "lease.providerLeaseId must be a string",
         }
         assert (await host.request("environmentValidateConfig", {}))["error"] == {
-            "code": -32002,
+            "code": wire.WORKER_ERROR,
             "message": "shape is required: set it",
         }
         assert (await host.request("environmentSyncIn", {}))["error"]["message"] == (
             "sandbox is closing"
         )
         crashed = await host.request("environmentExecute", {"config": {"apiKey": "k-999"}})
-    assert crashed["error"]["code"] == -32002
+    assert crashed["error"]["code"] == wire.WORKER_ERROR
     assert "environmentExecute" in crashed["error"]["message"]
     assert "secret-token-123" not in crashed["error"]["message"]
     stderr = capsys.readouterr().err
@@ -202,7 +203,7 @@ async def test_unencodable_result_becomes_an_error_reply() -> None:
     async with serving(Dispatcher({"environmentProbe": odd})) as host:
         await host.initialize()
         reply = await host.request("environmentProbe", {})
-        assert reply["error"]["code"] == -32002
+        assert reply["error"]["code"] == wire.WORKER_ERROR
         assert (await host.request("health", {}))["result"] == {"status": "ok"}
 
 
@@ -228,7 +229,7 @@ async def test_a_result_with_a_lone_surrogate_becomes_an_error_reply_not_bad_utf
     async with serving(Dispatcher({"environmentProbe": odd})) as host:
         await host.initialize()
         reply = await host.request("environmentProbe", {})
-        assert reply["error"]["code"] == -32002
+        assert reply["error"]["code"] == wire.WORKER_ERROR
         assert (await host.request("health", {}))["result"] == {"status": "ok"}
         for line in host.raw_lines:
             line.decode("utf-8")  # strict: every line the host got is valid UTF-8
@@ -349,9 +350,13 @@ async def test_requests_to_the_host_use_our_own_ids_and_map_errors() -> None:
         probe_id = await host.send_request("environmentProbe", {}, request_id=2)
         outgoing = await host.receive()
         await host.send(
-            {"jsonrpc": "2.0", "id": outgoing["id"], "error": {"code": -32001, "message": "no"}}
+            {
+                "jsonrpc": "2.0",
+                "id": outgoing["id"],
+                "error": {"code": wire.CAPABILITY_DENIED, "message": "no"},
+            }
         )
-        assert (await host.response_to(probe_id))["result"] == {"failed": -32001}
+        assert (await host.response_to(probe_id))["result"] == {"failed": wire.CAPABILITY_DENIED}
 
 
 # --- shutdown and end of input ------------------------------------------------------------------
@@ -389,7 +394,7 @@ async def test_shutdown_aborts_active_work_then_replies_null_and_stops_serving()
     assert "shutting down" in late["error"]["message"]
     assert events == ["driver shutdown", "handler cancelled"]
     assert cancelled["id"] == execute_id
-    assert cancelled["error"]["code"] == -32002
+    assert cancelled["error"]["code"] == wire.WORKER_ERROR
     assert "shutting down" in cancelled["error"]["message"]
     assert done == {"jsonrpc": "2.0", "id": shutdown_id, "result": None}
 
@@ -498,5 +503,5 @@ async def test_after_reply_is_told_its_result_was_not_sent_when_it_cannot_be_enc
     async with serving(Dispatcher({"duplexChannelOpen": open_session})) as host:
         await host.initialize()
         response = await host.request("duplexChannelOpen", {})
-    assert response["error"]["code"] == -32002
+    assert response["error"]["code"] == wire.WORKER_ERROR
     assert told == [False]  # the host got an error: the session must never be announced

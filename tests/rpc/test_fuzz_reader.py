@@ -86,7 +86,12 @@ def test_a_deeply_nested_line_does_not_kill_the_worker(tmp_path: Path) -> None:
     replies, code, stderr = _run_worker(data, tmp_path)
     assert code == 0, stderr.decode(errors="replace")[-2000:]
     assert [r["id"] for r in replies] == [None, 1, None, 4]
-    assert [r.get("error", {}).get("code") for r in replies] == [-32700, None, -32700, None]
+    assert [r.get("error", {}).get("code") for r in replies] == [
+        wire.PARSE_ERROR,
+        None,
+        wire.PARSE_ERROR,
+        None,
+    ]
     assert replies[3]["result"] == {"status": "ok"}
 
 
@@ -375,7 +380,11 @@ def check_replies(case: Case, replies: list[dict[str, Any]]) -> None:
     codes = [reply["error"]["code"] if "error" in reply else None for reply in replies]
     parse = [r for r, code in zip(replies, codes, strict=True) if code == wire.PARSE_ERROR]
     invalid = [r for r, code in zip(replies, codes, strict=True) if code == wire.INVALID_REQUEST]
-    answers = [r for r, c in zip(replies, codes, strict=True) if c not in (-32700, -32600)]
+    answers = [
+        r
+        for r, c in zip(replies, codes, strict=True)
+        if c not in (wire.PARSE_ERROR, wire.INVALID_REQUEST)
+    ]
     kinds = Counter(frame.kind for frame in case.frames)
     assert len(parse) == kinds["parse"]
     assert all(reply["id"] is None for reply in parse)

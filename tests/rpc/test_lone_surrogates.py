@@ -17,13 +17,13 @@ import pytest
 
 from provider.driver.core.text_params import lone_surrogate_policy
 from provider.rpc.dispatcher import Dispatcher
+from provider.rpc.wire import INVALID_PARAMS, METHOD_NOT_FOUND, PARSE_ERROR
 from tests.rpc.harness import serving
 
 pytestmark = pytest.mark.anyio
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CUT = "\\ud83d"  # the JSON escape Node writes for the first half of an emoji, alone
-INVALID_PARAMS = -32602
 
 
 def request_line(request_id: Any, method: str, params_json: str) -> bytes:
@@ -104,12 +104,12 @@ async def test_an_id_or_method_holding_one_is_never_echoed() -> None:
         assert (await host.receive()) == {
             "jsonrpc": "2.0",
             "id": None,  # no line we write can carry that id
-            "error": {"code": -32700, "message": "Parse error: line is not valid JSON"},
+            "error": {"code": PARSE_ERROR, "message": "Parse error: line is not valid JSON"},
         }
         broken = f'{{"jsonrpc": "2.0", "id": 6, "method": "environment{CUT}", "params": {{}}}}'
         await host.send_raw(broken.encode() + b"\n")
         reply = await host.response_to(6)
-    assert reply["error"]["code"] == -32601
+    assert reply["error"]["code"] == METHOD_NOT_FOUND
     assert all(line.decode("utf-8") for line in host.raw_lines)  # every line valid UTF-8
 
 

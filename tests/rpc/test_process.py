@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from provider.app import build_dispatcher
+from provider.rpc.wire import INVALID_PARAMS, PARSE_ERROR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 20.0  # generous: these tests assert that things happen, not how fast
@@ -202,12 +203,12 @@ def test_a_malformed_first_line_gets_a_parse_error_and_initialize_still_works() 
     assert replies[0] == {
         "jsonrpc": "2.0",
         "id": None,
-        "error": {"code": -32700, "message": "Parse error: line is not valid JSON"},
+        "error": {"code": PARSE_ERROR, "message": "Parse error: line is not valid JSON"},
     }
     assert replies[1]["result"]["ok"] is True
 
 
 def test_initialize_without_object_params_is_refused_by_the_dispatcher() -> None:
     replies = _exchange(_line({"jsonrpc": "2.0", "id": 1, "method": "initialize"}), INITIALIZE)
-    assert replies[0]["error"]["code"] == -32602
+    assert replies[0]["error"]["code"] == INVALID_PARAMS
     assert replies[1]["result"]["ok"] is True
