@@ -137,6 +137,7 @@ async def serving(dispatcher: Dispatcher) -> AsyncIterator[FakeHost]:
             await host.close()
             with anyio.fail_after(15):
                 await _wait_served(dispatcher)
+    to_worker_receive.close()
     from_worker_receive.close()
     from_worker_send.close()
 

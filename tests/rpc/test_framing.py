@@ -24,11 +24,12 @@ async def _lines(chunks: list[bytes]) -> list[bytes]:
             send.send_nowait(chunk)
     reader = LineReader(MemoryByteReceiveStream(receive))
     lines: list[bytes] = []
-    while True:
-        try:
-            lines.append(await reader.receive_line())
-        except anyio.EndOfStream:
-            return lines
+    with receive:
+        while True:
+            try:
+                lines.append(await reader.receive_line())
+            except anyio.EndOfStream:
+                return lines
 
 
 async def test_lf_crlf_blank_lines_and_a_final_unterminated_line() -> None:

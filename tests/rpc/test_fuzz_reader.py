@@ -443,8 +443,10 @@ async def _serve_in_process(chunks: list[bytes]) -> list[dict[str, Any]]:
         await dispatcher.serve(
             MemoryByteReceiveStream(worker_input), MemoryByteSendStream(worker_output)
         )
+    worker_input.close()
     worker_output.close()
-    data = b"".join([chunk async for chunk in from_worker])
+    with from_worker:
+        data = b"".join([chunk async for chunk in from_worker])
     return [json.loads(line) for line in data.splitlines()]
 
 

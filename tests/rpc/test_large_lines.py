@@ -107,6 +107,7 @@ async def _serving_on_pipe(
             yield to_worker
         finally:
             await to_worker.aclose()
+    worker_input.close()
     await send.aclose()
 
 

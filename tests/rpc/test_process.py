@@ -63,24 +63,20 @@ def test_end_of_input_exits_zero_after_answering_what_was_read() -> None:
 
 
 def test_shutdown_replies_null_and_exits_zero_while_stdin_stays_open() -> None:
-    proc = _spawn("-m", "provider")
-    _send(proc, INITIALIZE)
-    assert _read_message(proc.stdout)["result"]["ok"] is True
-    _send(proc, _line({"jsonrpc": "2.0", "id": 2, "method": "shutdown", "params": {}}))
-    assert _read_message(proc.stdout) == {"jsonrpc": "2.0", "id": 2, "result": None}
-    assert proc.wait(timeout=HANG_GUARD_S) == 0
-    assert proc.stdin is not None
-    proc.stdin.close()
+    with _spawn("-m", "provider") as proc:
+        _send(proc, INITIALIZE)
+        assert _read_message(proc.stdout)["result"]["ok"] is True
+        _send(proc, _line({"jsonrpc": "2.0", "id": 2, "method": "shutdown", "params": {}}))
+        assert _read_message(proc.stdout) == {"jsonrpc": "2.0", "id": 2, "result": None}
+        assert proc.wait(timeout=HANG_GUARD_S) == 0
 
 
 def test_sigterm_exits_zero() -> None:
-    proc = _spawn("-m", "provider")
-    _send(proc, INITIALIZE)
-    assert _read_message(proc.stdout)["result"]["ok"] is True
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=HANG_GUARD_S) == 0
-    assert proc.stdin is not None
-    proc.stdin.close()
+    with _spawn("-m", "provider") as proc:
+        _send(proc, INITIALIZE)
+        assert _read_message(proc.stdout)["result"]["ok"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=HANG_GUARD_S) == 0
 
 
 def test_a_request_line_of_several_mebibytes_is_answered() -> None:
@@ -157,6 +153,9 @@ def test_worker_dies_with_its_parent_even_while_stdin_stays_open() -> None:
         os.close(stdin_write)
         if parent.poll() is None:
             parent.kill()
+        parent.wait(timeout=HANG_GUARD_S)
+        if parent.stdout is not None:
+            parent.stdout.close()
 
 
 def _alive(pid: int) -> bool:
