@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import os
 import re
+import select
 import signal
 import struct
 import subprocess
@@ -90,15 +91,21 @@ class LocalTerminal:
             task_status.started()
             while True:
                 await anyio.wait_readable(self.master)
-                try:
-                    chunk = os.read(self.master, 65536)
-                except OSError:
+                if not self._read_once():
                     return
-                if not chunk:
-                    return
-                self.output += chunk
-                self._changed.set()
-                self._changed = anyio.Event()
+
+    def _read_once(self) -> bool:
+        """One read of the master into :attr:`output`; False at its end."""
+        try:
+            chunk = os.read(self.master, 65536)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        self.output += chunk
+        self._changed.set()
+        self._changed = anyio.Event()
+        return True
 
     @property
     def text(self) -> str:
@@ -141,7 +148,10 @@ class LocalTerminal:
         with anyio.fail_after(timeout):
             while (code := self.proc.poll()) is None:
                 await anyio.sleep(0.02)
-        await anyio.sleep(0.1)  # let the pump read the last bytes
+        # The helper has exited, so all it wrote is in the pty: read what the pump has not.
+        while self.master_open and select.select([self.master], [], [], 0)[0]:
+            if not self._read_once():
+                break
         return code
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from provider.emulator import Emulator
 from tests.emulator.helpers import KEY, api, create_sandbox, wait_status
+from tests.waiting import wait_until
 
 from .local_pty import LocalTerminal, helper_env, local_terminal
 
@@ -31,6 +32,13 @@ async def running_sandbox(emulator: Emulator) -> str:
 
 async def process_rows(emulator: Emulator, sandbox_id: str) -> list[dict[str, Any]]:
     return [p for p in (await emulator.admin.state())["processes"] if p["sandbox_id"] == sandbox_id]
+
+
+def foreground_commands(emulator: Emulator) -> list[str]:
+    """The command in the foreground of each of the emulator's PTYs, as the guest sees it."""
+    assert emulator.core is not None
+    jobs = [process.foreground() for _, process in emulator.core.processes.values()]
+    return [job["cmd"] for job in jobs if job is not None]
 
 
 async def requests_since(emulator: Emulator, seq: int) -> list[dict[str, Any]]:
@@ -127,7 +135,7 @@ async def test_a_local_hang_up_deletes_the_remote_shell(
         at = await connect(term)
         term.type(b"sleep 1000\r")
         await term.expect(rb"sleep 1000\r\n", at)
-        await anyio.sleep(0.3)  # the sleep is running remotely
+        await wait_until(lambda: foreground_commands(emulator) == ["sleep"])  # runs remotely
         alive = [p for p in await process_rows(emulator, sandbox_id) if p["tree_alive"]]
         assert len(alive) == 1
         if how == "close":

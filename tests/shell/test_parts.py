@@ -120,6 +120,7 @@ async def test_keystrokes_queued_during_a_request_go_out_together_within_the_lim
             while sum(map(len, stub.batches)) < 3 + 3 * big:
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+    send.close()
     assert stub.batches == [b"l", b"s\r" + b"x" * big + b"y" * big, b"z" * big]
     assert all(len(b) <= MAX_INPUT_BYTES for b in stub.batches)
 
@@ -177,6 +178,7 @@ async def _feed(stub: object, keys: list[bytes]) -> tuple[list[str], Ended | Non
             for key in keys:
                 await send.send(key)
                 await anyio.sleep(0.05)
+    send.close()
     return said, relay._ended
 
 
