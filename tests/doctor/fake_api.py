@@ -175,17 +175,23 @@ def _run_for_real(body: dict[str, Any]) -> Response:
     pipes = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
 
     def frames() -> Iterator[bytes]:
-        with selectors.DefaultSelector() as selector:
-            for fd in pipes:
-                selector.register(fd, selectors.EVENT_READ)
-            while selector.get_map():
-                for key, _ in selector.select():
-                    data = os.read(key.fd, 65536)
-                    if not data:
-                        selector.unregister(key.fd)
-                        continue
-                    yield json.dumps({pipes[key.fd]: data.decode()}).encode() + b"\n"
-        yield json.dumps({"exit_code": process.wait()}).encode() + b"\n"
+        try:
+            with selectors.DefaultSelector() as selector:
+                for fd in pipes:
+                    selector.register(fd, selectors.EVENT_READ)
+                while selector.get_map():
+                    for key, _ in selector.select():
+                        data = os.read(key.fd, 65536)
+                        if not data:
+                            selector.unregister(key.fd)
+                            continue
+                        yield json.dumps({pipes[key.fd]: data.decode()}).encode() + b"\n"
+            yield json.dumps({"exit_code": process.wait()}).encode() + b"\n"
+        finally:  # the client may hang up mid-stream: nothing of ours outlives the response
+            if process.poll() is None:
+                process.kill()
+            with process:
+                pass
 
     return Response(frames(), 200, content_type="application/x-ndjson", direct_passthrough=True)
 
