@@ -4,9 +4,12 @@ cancelled write never leaves a cut line behind (the cut line would swallow the n
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
+import struct
+import termios
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +22,7 @@ from provider.rpc import dispatcher as dispatcher_module
 from provider.rpc.dispatcher import Dispatcher
 from provider.rpc.stdio import FdReceiveStream, FdSendStream, LineReader
 from tests.rpc.harness import MemoryByteReceiveStream
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -43,6 +47,12 @@ def _fill(fd: int) -> int:
             total += os.write(fd, b"f" * 65536)
         except BlockingIOError:
             return total
+
+
+def _pipe_full(read_fd: int) -> bool:
+    """Whether the pipe holds as many bytes as it can (its writer must now wait)."""
+    queued = fcntl.ioctl(read_fd, termios.FIONREAD, struct.pack("i", 0))
+    return struct.unpack("i", queued)[0] >= fcntl.fcntl(read_fd, fcntl.F_GETPIPE_SZ)
 
 
 async def _read_exactly(receive: FdReceiveStream, size: int) -> bytes:
@@ -175,7 +185,7 @@ async def test_a_notification_cancelled_mid_line_is_finished_before_the_reply(
     async with _serving_on_pipe(dispatcher, write_fd) as to_worker:
         await to_worker.send(_request(1, "environmentExecute"))
         await started.wait()
-        await anyio.sleep(0.1)  # the notification fills the pipe and waits
+        await wait_until(lambda: _pipe_full(read_fd))  # the notification fills it and waits
         await to_worker.send(_request(2, "shutdown"))
         lines = await _slow_lines(read_fd, 3, pause=0.01)
     assert lines[0]["method"] == "execute.log"
@@ -190,7 +200,7 @@ async def test_the_shutdown_still_ends_when_the_host_stops_reading_a_big_reply(
     monkeypatch.setattr(dispatcher_module, "SHUTDOWN_BUDGET_S", 0.3)
     monkeypatch.setattr(dispatcher_module, "CANCEL_GRACE_S", 0.1)
     monkeypatch.setattr(dispatcher_module, "REPLY_BUDGET_S", 0.2)
-    _, write_fd = pipe
+    read_fd, write_fd = pipe
     replying = anyio.Event()
 
     async def execute(params: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +212,6 @@ async def test_the_shutdown_still_ends_when_the_host_stops_reading_a_big_reply(
         async with _serving_on_pipe(dispatcher, write_fd) as to_worker:
             await to_worker.send(_request(1, "environmentExecute"))
             await replying.wait()
-            await anyio.sleep(0.2)
+            await wait_until(lambda: _pipe_full(read_fd))  # the reply waits for room
             await to_worker.send(_request(2, "shutdown"))
             await dispatcher.stop()
