@@ -23,6 +23,7 @@ from tests.driver.session_helpers import (
     until,
     write,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 ROUTE = "duplex-route-1"
@@ -181,7 +182,7 @@ async def test_nothing_is_sent_for_a_channel_before_its_open_is_answered(
     reply = await h.methods.channels.open(
         open_params(h, lease, ROUTE, command=["bash", "-c", "printf early; exit 4"])
     )
-    await anyio.sleep(1.0)
+    await anyio.sleep(1.0)  # the test: the process has long exited, yet nothing precedes the answer
     assert not [p for _, p in h.notifications if p.get("hostRouteId") == ROUTE]
     await answered(reply)
     await until(lambda: bool(notes(h, "duplexChannel.exit", ROUTE)))
@@ -206,7 +207,7 @@ async def test_an_open_whose_answer_was_not_sent_is_stopped_and_never_announced(
     await until(lambda: not any(True for _ in h.methods.interactive.table))
     assert await h.emulator.admin.live_process_count() == 0
     assert await h.methods.channels.close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
-    await anyio.sleep(0.3)
+    await anyio.sleep(0.3)  # the test: time passes and nothing names the route
     assert not [p for _, p in h.notifications if p.get("hostRouteId") == ROUTE]
 
 
@@ -261,10 +262,13 @@ async def test_a_close_racing_the_open_cancels_it_and_leaves_nothing(harness: Ha
         except ProviderError as exc:
             failures.append(exc)
 
+    async def started() -> bool:
+        return await h.emulator.admin.live_process_count() == 1
+
     async with anyio.create_task_group() as group:
         group.start_soon(opener)
         await until(lambda: any(True for _ in h.methods.interactive.table))
-        await anyio.sleep(0.3)
+        await wait_until(started)  # the process runs; its output's connect is held
         assert await h.methods.channels.close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
     assert len(failures) == 1 and isinstance(failures[0], OperationCancelled)
     assert await h.emulator.admin.live_process_count() == 0

@@ -10,6 +10,7 @@ import pytest
 
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
 from tests.driver.conftest import SHAPE, Harness
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -272,9 +273,12 @@ async def test_second_concurrent_release_is_refused(harness: Harness) -> None:
         except RequestRefused as exc:
             outcomes.append(exc)
 
+    async def first_is_pausing() -> bool:
+        return await status_of(h, lease["providerLeaseId"]) == "pausing"
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(release)
-        await anyio.sleep(0.3)
+        await wait_until(first_is_pausing)
         tg.start_soon(release)
     refused = [o for o in outcomes if isinstance(o, RequestRefused)]
     assert len(refused) == 1 and "in progress" in str(refused[0])

@@ -13,9 +13,16 @@ import pytest
 from provider.errors import OperationCancelled
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import mapping, op, sh, sync_in
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.anyio
 WARM: dict[str, Any] = {"reuseLease": True, "autoPauseAfterSeconds": 60}
+
+
+def uploads_held(h: Harness) -> int:
+    """How many uploads the emulator's delay fault has caught so far (of the two it holds)."""
+    assert h.emulator.core is not None
+    return 2 - sum(fault.times for fault in h.emulator.core.faults)
 
 
 async def status_of(h: Harness, sandbox_id: str) -> str:
@@ -110,7 +117,7 @@ async def test_two_syncs_on_one_lease_overlap_in_isolation_and_release_cancels_b
 
     async with anyio.create_task_group() as group:
         group.start_soon(run, "first", first)
-        await anyio.sleep(0.1)
+        await wait_until(lambda: uploads_held(h) == 1)  # the first sync is uploading
         group.start_soon(run, "second", second)
     assert results["first"]["operations"][0]["filesTransferred"] == 3
     assert results["second"]["operations"][0]["filesTransferred"] == 4
@@ -140,7 +147,7 @@ async def test_two_syncs_on_one_lease_overlap_in_isolation_and_release_cancels_b
     async with anyio.create_task_group() as group:
         group.start_soon(cancelled, "third", first)
         group.start_soon(cancelled, "fourth", second)
-        await anyio.sleep(0.8)
+        await wait_until(lambda: uploads_held(h) == 2)  # both syncs are uploading
         receipt = await h.methods.release(h.lease_ref(lease))
     assert receipt == {"providerLeaseId": lease["providerLeaseId"], "state": "destroyed"}
     assert len(failures) == 2

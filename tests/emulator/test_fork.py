@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from provider.emulator import Emulator
+from tests.waiting import wait_until
 
 from .helpers import (
     api,
@@ -119,7 +120,9 @@ async def test_checklist_89_fork_copies_the_trees_exactly(emulator: Emulator) ->
         await sh(client, forked["id"], "echo changed > /paperclip-workspace/src/main.py")
         deleted = await client.delete(f"/v1/sandboxes/{source}")
         assert data(deleted)["status"] == "destroyed"
-        await anyio.sleep(0.2)
+        assert emulator.core is not None
+        gone = emulator.core.data_dir / "sandboxes" / source
+        await wait_until(lambda: not gone.exists())  # the source's files are all removed
         again = await sh(client, forked["id"], "cat /paperclip-workspace/src/main.py /tmp/t.txt")
         assert again["stdout"] == "changed\ntemp\n"
 
@@ -239,7 +242,7 @@ async def test_resuming_the_source_right_after_fork_does_not_change_the_copy(
         )
         await client.post(f"/v1/sandboxes/{source}/pause")
         await wait_status(client, source, "paused")
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # the test: the sleep runs out while the source is frozen
         child = await _fork(client, source)
         await client.post(f"/v1/sandboxes/{source}/resume")
         await wait_status(client, child["id"], "running")

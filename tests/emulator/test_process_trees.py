@@ -197,7 +197,7 @@ async def test_a_tree_whose_reaper_was_killed_is_still_tracked(emulator: Emulato
         view = await leader_done(client, sandbox_id, pid)
         assert view["exit_code"] == 0
         left = await wait_sleepers(client, sandbox_id, 2)
-        await anyio.sleep(0.2)
+        await anyio.sleep(0.2)  # the test: no late flip to true either
         assert data(await client.get(url(sandbox_id, pid)))["tree_exited"] is False
         deleted = data(await client.delete(url(sandbox_id, pid), params={"grace_ms": 100}))
         assert deleted["tree_exited"] is True

@@ -249,7 +249,9 @@ async def test_pause_freezes_a_running_loop(emulator: Emulator) -> None:
         await wait_output(client, sandbox_id, pid, 5)
         await client.post(f"/v1/sandboxes/{sandbox_id}/pause")
         await wait_status(client, sandbox_id, "paused")
-        await anyio.sleep(0.1)  # let the pump drain what was written before the stop
+        # let the pump drain what was written before the stop (the emulator shows no signal
+        # for a drained pipe); then the test: time passes and nothing more is written
+        await anyio.sleep(0.1)
         frozen = (await get_view(client, sandbox_id, pid))["output"]["newest_seq"]
         await anyio.sleep(0.5)
         assert (await get_view(client, sandbox_id, pid))["output"]["newest_seq"] == frozen

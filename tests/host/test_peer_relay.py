@@ -67,7 +67,9 @@ async def test_the_driver_flushes_every_answer_before_it_exits(tmp_path: Path) -
         assert process.stdin is not None and process.stdout is not None
         await process.stdin.send(commands.encode())
         await process.stdin.aclose()  # the driver answers everything, then exits
-        await anyio.sleep(1.0)  # let its pipe fill while this side does not read
+        # The test: a host that does not read for a second while the driver answers and
+        # exits (its pipe fills; the driver shows nothing to wait on)
+        await anyio.sleep(1.0)
         received = bytearray()
         with anyio.fail_after(60):
             async for data in process.stdout:

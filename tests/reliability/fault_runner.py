@@ -48,6 +48,7 @@ from provider.errors import RequestRefused
 from tests.driver.conftest import Harness
 from tests.reliability.fault_cells import KILL_EXEC, Cell, Site
 from tests.reliability.fault_scenarios import SCENARIOS, Scenario
+from tests.waiting import wait_until
 
 API_KEY = "test-key"
 EMULATOR_SETTINGS = {"heartbeat_ms": 200}
@@ -192,8 +193,14 @@ async def run_cell(h: MatrixHarness, cell: Cell, workdir: Path) -> CellResult:
         for when, method, path, query in h.plan.sent[sent_before:]
         if site_matches(site, method, path, query)
     ]
-    if delay and delayed:  # let the held request land before counting requests or leaks
-        await anyio.sleep(max(0.0, delayed[0] + delay + 0.5 - time.time()))
+    if delay and delayed:  # let the held requests land before counting requests or leaks
+
+        async def landed() -> bool:
+            rows = await h.emulator.admin.requests(since=seq0)
+            served = [r for r in rows if site_matches(site, r["method"], r["path"], r["query"])]
+            return len(served) >= len(delayed)
+
+        await wait_until(landed, timeout=delay + 20)
     await h.emulator.admin.clear_faults()
     h.plan.clear()
     seq1 = await h.last_seq()
