@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from provider.doctor import cli
 from provider.doctor.report import ASSUMPTIONS
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
@@ -54,7 +55,7 @@ async def test_doctor_passes_on_the_emulator_and_leaves_nothing(
 
     ran: Ran = await anyio.to_thread.run_sync(run_doctor, argv)
 
-    assert ran.code == 0, ran
+    assert ran.code == cli.EXIT_OK, ran
     assert ran.stdout.startswith("result  "), ran.stdout
     for key, text in ASSUMPTIONS.items():
         row = ran.row(text)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from provider.doctor import cli
 from provider.doctor.checks_sandbox import retry_after
 from provider.doctor.report import ASSUMPTIONS
 from provider.doctor.wire import Seen
@@ -61,7 +62,7 @@ def test_a_403_for_another_keys_sandbox_fails_the_run_and_names_it(
 
     ran = run_doctor(args(origin, tmp_path))
 
-    assert ran.code == 1, ran
+    assert ran.code == cli.EXIT_VIOLATED, ran
     assert "HTTP 403" in ran.row(ASSUMPTIONS["foreign_sandbox"])
     found = outcomes(ran)
     assert found.pop("foreign_sandbox") == "violated"
@@ -81,7 +82,7 @@ def test_without_a_second_key_that_check_is_skipped_and_a_429_seen_is_reported(
 
     ran = run_doctor(argv, CREATEOS_API_KEY=KEY)
 
-    assert ran.code == 0, ran
+    assert ran.code == cli.EXIT_OK, ran
     assert "no --second-api-key-file" in ran.row(ASSUMPTIONS["foreign_sandbox"])
     assert ran.row(ASSUMPTIONS["retry_after"]).startswith("ok")
     assert "Retry-After (first: 0)" in ran.stdout
@@ -98,7 +99,7 @@ def test_a_silent_connect_is_a_violation_and_sse_framing_is_reported(
 
     ran = run_doctor(args(origin, tmp_path))
 
-    assert ran.code == 1, ran
+    assert ran.code == cli.EXIT_VIOLATED, ran
     connect = ran.row(ASSUMPTIONS["connect_heartbeat"])
     assert connect.startswith("violated") and "no heartbeat during a silent 0.6 s" in connect
     exec_row = ran.row(ASSUMPTIONS["exec_heartbeat"])
@@ -121,7 +122,7 @@ def test_checks_that_raise_become_violations_and_the_sandbox_is_still_deleted(
 
     ran = run_doctor(args(origin, tmp_path))
 
-    assert ran.code == 1, ran
+    assert ran.code == cli.EXIT_VIOLATED, ran
     for key in ("connect_heartbeat", "exec_heartbeat", "exec_stream_end"):
         row = ran.row(ASSUMPTIONS[key])
         assert row.startswith("violated") and "HTTP 50" in row, row
@@ -153,7 +154,7 @@ def test_ctrl_c_deletes_the_sandbox_and_a_second_one_does_not_stop_that(
             process.kill()
     ran = Ran(process.returncode, stdout, stderr)
 
-    assert ran.code == 130, ran
+    assert ran.code == cli.EXIT_INTERRUPTED, ran
     assert "interrupted (SIGINT)" in ran.row(ASSUMPTIONS["paused_sandbox"])
     assert "still deleting what was created" in ran.stderr
     assert_deleted_once(api, ran)
@@ -167,7 +168,7 @@ def test_an_unconfirmed_delete_is_named_and_exits_4(
 
     ran = run_doctor(args(origin, tmp_path, "--deadline", "1"))
 
-    assert ran.code == 4, ran
+    assert ran.code == cli.EXIT_LEFT_BEHIND, ran
     assert "stopped early: the doctor's deadline (1 s) passed" in ran.stdout
     assert "NOT CONFIRMED DELETED" in ran.stdout and "sb_fake1" in ran.stdout
     assert api.count("DELETE", SANDBOX) == 3  # the first attempt and two retries
@@ -181,7 +182,7 @@ def test_a_create_whose_answer_is_lost_is_found_by_name_and_deleted(
 
     ran = run_doctor(args(origin, tmp_path))
 
-    assert ran.code == 3, ran
+    assert ran.code == cli.EXIT_INCOMPLETE, ran
     assert "not checked: could not create the sandbox" in ran.stdout
     assert api.boxes["sb_fake1"].status == "destroyed"
     assert_deleted_once(api, ran)
@@ -190,7 +191,7 @@ def test_a_create_whose_answer_is_lost_is_found_by_name_and_deleted(
 def test_an_unreachable_endpoint_exits_3_and_leaves_nothing(tmp_path: Path) -> None:
     ran = run_doctor(args("http://127.0.0.1:9", tmp_path))
 
-    assert ran.code == 3, ran
+    assert ran.code == cli.EXIT_INCOMPLETE, ran
     assert "connection error" in ran.stdout
     assert "sandboxes created: 0, deleted: 0" in ran.stdout
     assert "NOT CONFIRMED" not in ran.stdout
@@ -210,7 +211,7 @@ def test_usage_errors_exit_2_before_any_request(
     api, origin = fake
     ran = run_doctor(argv or ["--api-url", origin])
 
-    assert ran.code == 2, ran
+    assert ran.code == cli.EXIT_USAGE, ran
     assert message in ran.stderr
     assert api.log == []
 
@@ -220,7 +221,7 @@ def test_the_same_key_twice_is_refused(fake: tuple[FakeCreateOS, str], tmp_path:
     same = key_file(tmp_path, "same", KEY)
     ran = run_doctor(["--api-url", origin, "--api-key-file", same, "--second-api-key-file", same])
 
-    assert ran.code == 2, ran
+    assert ran.code == cli.EXIT_USAGE, ran
     assert "same key" in ran.stderr
     assert api.log == []
     assert_no_key(ran)
