@@ -36,6 +36,7 @@ from provider.driver.service import DriverService
 from provider.errors import RequestRefused
 from tests.driver.conftest import SHAPE, Harness, unpaced_client
 from tests.driver.stream_helpers import token_carriers
+from tests.processes import reap
 
 pytestmark = pytest.mark.anyio
 
@@ -127,8 +128,7 @@ def hostile_child() -> Iterator[subprocess.Popen[bytes]]:
             time.sleep(0.01)
         yield child
     finally:
-        child.kill()
-        child.wait()
+        reap(child)
 
 
 def test_a_live_process_is_alive_whatever_its_comm_holds() -> None:
@@ -363,8 +363,7 @@ async def test_next_call_kills_the_tree_of_a_worker_left_as_a_zombie(harness: Ha
         result = await fresh.execute({**h.with_lease(lease), "command": "echo", "args": ["ok"]})
         assert proc_stat(worker.pid).state == "Z"  # still unreaped during the whole call
     finally:
-        worker.kill()
-        worker.wait()
+        reap(worker)
     assert result["stdout"] == "ok\n"
     assert await h.emulator.admin.live_process_count() == 0
     assert fresh.runtime.journal.orphan_processes(h.emulator.base_url, lease_scope.key_hash) == []

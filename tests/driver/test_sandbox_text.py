@@ -15,6 +15,7 @@ import pytest
 from provider.driver.commands import sandbox_text
 from provider.errors import RequestRefused
 from tests.driver.shell_helpers import BASH, make_tree, run_bash
+from tests.processes import reap
 
 HOSTILE = [
     "a'; touch /bad; echo '",
@@ -188,9 +189,7 @@ def test_piped_stdin_starts_the_command_without_eof(tmp_path: Path) -> None:
         assert proc.stdout.read() == b"abc"  # EOF of the command's own stdin, not the pipe's
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def test_short_piped_stdin_never_starts_the_command(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 from provider.errors import TransferError
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import WS, mapping, op, sh, sync_in, sync_out
+from tests.processes import reap
 
 pytestmark = pytest.mark.anyio
 
@@ -144,9 +145,7 @@ def _fifo_then_shutdown(h: Harness, tmp_path: Path) -> list[Any]:
         replies.append(proc.wait(timeout=DEADLINE_S))
         return replies
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 async def test_a_worker_given_a_fifo_still_destroys_and_shuts_down(

@@ -18,6 +18,7 @@ from provider.emulator import Emulator
 from provider.emulator.bwrap import probe_runtime
 from provider.emulator.hostscan import scan_host
 from provider.emulator.server import OWNER_FILE, TEMP_PREFIX, owner_stamp
+from tests.processes import reap
 
 from .helpers import api, create_sandbox, data, sh, start_process
 
@@ -68,13 +69,6 @@ async def test_unreachable_data_dir_is_refused(emulator: Emulator, tmp_path: Pat
             pass
 
 
-def _reap(proc: subprocess.Popen[str]) -> None:
-    """Kill the CLI if it still runs, wait for it and close its pipes."""
-    with proc:
-        if proc.poll() is None:
-            proc.kill()
-
-
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "provider.emulator", "--quiet", *args],
@@ -116,7 +110,7 @@ async def test_cli_prints_url_and_stops_cleanly_on_sigterm(emulator: Emulator) -
         assert scan_host(namespaces) == {}
         assert all(not Path(f"/proc/{pid}").exists() for pid in pids)
     finally:
-        _reap(proc)
+        reap(proc)
 
 
 async def test_cli_reads_keys_from_a_file(emulator: Emulator, tmp_path: Path) -> None:
@@ -133,7 +127,7 @@ async def test_cli_reads_keys_from_a_file(emulator: Emulator, tmp_path: Path) ->
     finally:
         proc.send_signal(signal.SIGTERM)
         await anyio.to_thread.run_sync(lambda: proc.wait(timeout=30))
-        _reap(proc)
+        reap(proc)
 
 
 async def test_cli_refuses_to_start_without_bwrap(emulator: Emulator) -> None:
