@@ -20,7 +20,7 @@ import pytest
 
 from provider.emulator import Emulator
 
-from .helpers import api, create_sandbox, data, sh
+from .helpers import LOST_STREAM_LEAK, api, create_sandbox, data, sh
 
 pytestmark = pytest.mark.anyio
 
@@ -156,10 +156,7 @@ FAULTS: list[
 ]
 
 
-# Known emulator leak, left to its owner: a response lost on purpose (lose_response) is
-# discarded with aclose() on its never-started frame relay, which so never closes the receive
-# stream it was handed (provider/emulator/exec_stream.py). Remove this filter with that fix.
-@pytest.mark.filterwarnings("ignore:Unclosed <MemoryObjectReceiveStream:ResourceWarning")
+@LOST_STREAM_LEAK
 @pytest.mark.parametrize(("action", "performed"), FAULTS, ids=[next(iter(a)) for a, _ in FAULTS])
 async def test_every_fault_applies_to_an_exec_stream_and_a_cut_one_leaves_its_command_running(
     emulator: Emulator, box: tuple[httpx.AsyncClient, str], action: dict[str, Any], performed: bool
