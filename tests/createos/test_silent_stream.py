@@ -120,6 +120,7 @@ async def test_a_silent_stream_that_missed_output_counts_against_the_budget(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # 45 s of silence by design
 async def test_a_45_s_silent_connect_completes_with_the_default_limits(
     server: HTTPServer, api: CreateOSClient
 ) -> None:

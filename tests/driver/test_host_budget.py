@@ -129,6 +129,7 @@ async def test_an_execute_answers_within_the_host_budget_with_createos_stalled(
     )
 
 
+@pytest.mark.timeout(240)  # 63 s measured on a loaded 2-core machine
 async def test_a_sync_answers_within_the_host_budget_with_createos_stalled(
     stalling: Stalling, tmp_path: Path
 ) -> None:

@@ -425,6 +425,7 @@ def vm_hwm_mib(pid: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # 72 s measured on a loaded 2-core machine
 async def test_a_2_gib_tree_syncs_in_and_out_through_the_worker_with_bounded_memory(
     tmp_path: Path,
 ) -> None:

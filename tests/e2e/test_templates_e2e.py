@@ -266,6 +266,8 @@ async def _scenario(server: PaperclipServer, emu: EmulatorProcess, api_key: str,
     assert state["sandboxes"] == [], "a sandbox outlived the scenario"
 
 
+# The test's own budgets run out first, with their message; 120 s for the rest.
+@pytest.mark.timeout(INSTALL_BUDGET_S + SCENARIO_BUDGET_S + 120)
 async def test_an_operator_captures_a_template_that_runs_fork_and_deletes_it() -> None:
     started = time.monotonic()
     with anyio.fail_after(INSTALL_BUDGET_S):

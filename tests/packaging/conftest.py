@@ -18,6 +18,16 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "packaging" / "build.py"
+BUILD_BUDGET_S = 900  # a cold machine downloads the host's wheels first
+INSTALL_BUDGET_S = 300  # test_install.py's npm install of what was built
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs the session's build may pay for it (and for an install of it) in its
+    setup: its timeout leaves room for both budgets, which run out first with their message."""
+    for item in items:
+        if "built" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(BUILD_BUDGET_S + INSTALL_BUDGET_S + 120))
 
 
 def host_key() -> str:
@@ -37,6 +47,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pytest.skip("npm is not on PATH")
     out = tmp_path_factory.mktemp("dist")
     command = [sys.executable, str(BUILD_SCRIPT), "--platforms", "host", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=BUILD_BUDGET_S, check=False
+    )
     assert done.returncode == 0, done.stderr
     return {path.name: path for path in out.glob("*.tgz")}

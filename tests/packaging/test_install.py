@@ -52,7 +52,7 @@ from provider.devtools.peer_sessions import PeerCallError
 from provider.devtools.procfs import child_pids, cmdline, wait_until_gone
 from provider.emulator import Emulator
 from tests.call_params import environment_call
-from tests.packaging.conftest import REPO_ROOT, host_key
+from tests.packaging.conftest import INSTALL_BUDGET_S, REPO_ROOT, host_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
 
@@ -133,7 +133,12 @@ def npm_install(prefix: Path, *specs: str, extra: tuple[str, ...] = ()) -> Insta
     command = ["npm", "install", *specs, "--prefix", str(prefix), *NPM_FLAGS, *extra]
     # npm's cwd is not the prefix (the server runs it from its own folder).
     done = subprocess.run(
-        command, cwd=prefix.parent, capture_output=True, text=True, timeout=300, check=False
+        command,
+        cwd=prefix.parent,
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_BUDGET_S,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return Install(prefix)
