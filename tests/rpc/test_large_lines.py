@@ -51,8 +51,8 @@ def _fill(fd: int) -> int:
 
 def _pipe_full(read_fd: int) -> bool:
     """Whether the pipe holds as many bytes as it can (its writer must now wait)."""
-    queued = fcntl.ioctl(read_fd, termios.FIONREAD, struct.pack("i", 0))
-    return struct.unpack("i", queued)[0] >= fcntl.fcntl(read_fd, fcntl.F_GETPIPE_SZ)
+    (queued,) = struct.unpack("i", fcntl.ioctl(read_fd, termios.FIONREAD, struct.pack("i", 0)))
+    return int(queued) >= fcntl.fcntl(read_fd, fcntl.F_GETPIPE_SZ)
 
 
 async def _read_exactly(receive: FdReceiveStream, size: int) -> bytes:
