@@ -55,9 +55,8 @@ def _module_name(path: Path) -> str:
 
 def _walk(body: list[ast.stmt], late: bool) -> Iterator[tuple[ast.AST, bool]]:
     for node in body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
-            yield from ((child, True) for child in ast.walk(node))
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        deferred = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+        if deferred or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             yield from ((child, True) for child in ast.walk(node))
         else:
             yield from ((child, late) for child in ast.walk(node))
