@@ -13,8 +13,9 @@ Readers of the same kind of process in the same emulator (its own process), inte
   pipes and parses every line (provider/devtools/stdio_host.py ``StdioHost``), without Node in
   the path.
 
-The worker sends at most 128 Mi characters live per call (the host's own cap, spec 5); the rest
-of the output is still read, decoded and tail-buffered. So two rates are reported per reader:
+The worker sends at most 128 Mi characters live per call (the host's own cap, docs/protocol.md
+H5); the rest of the output is still read, decoded and tail-buffered. So two rates are reported
+per reader:
 
 - live relay: the first 128 MiB, first byte -> 128 Mi characters delivered (plain: first frame
   -> 128 MiB read), which is the relay into the log sink proper;

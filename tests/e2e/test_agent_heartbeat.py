@@ -8,7 +8,7 @@ callback bridge, syncs the workspace back and releases the lease. Three heartbea
 sees the first one's file; the third runs with the instance's experimental duplex bridge on, so
 its API call travels over one of our duplex channels instead of the polled request folder.
 ``reuseLease`` is on, yet a plain heartbeat has no execution workspace, so its lease is not
-reusable and every sandbox is deleted (provider-behavior.md 2.10.1). Fails, never skips, when
+reusable and every sandbox is deleted (docs/protocol.md 2.10.1). Fails, never skips, when
 Node or the server cannot be installed.
 """
 
@@ -76,7 +76,7 @@ def _process_sandboxes(requests: list[dict[str, Any]]) -> set[str]:
 
 
 def _polls_request_folder(process: dict[str, Any]) -> bool:
-    """A command of the host's file bridge listing its request folder (agent-run.md 3.5)."""
+    """A command of the host's file bridge listing its request folder (docs/protocol.md A3.5)."""
     text = " ".join(process.get("args") or [])
     return "for file in" in text and "requests" in text and "*.json" in text
 

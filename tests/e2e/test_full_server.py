@@ -1,4 +1,4 @@
-"""End to end through the REAL Paperclip server 2026.916.1 (host-protocol.md 9.2) and its CLI.
+"""End to end through the REAL Paperclip server 2026.916.1 (docs/protocol.md H9.2) and its CLI.
 
 Installs Node 24 + the server and CLI from npm into <repo>/.cache/paperclip/host on first use,
 starts a throwaway system PostgreSQL, the server and the CreateOS emulator, then installs this

@@ -1,5 +1,5 @@
-"""Custom images end to end through the REAL Paperclip server 2026.916.1 (host-protocol.md 10.4,
-provider-behavior.md 8): the operator's whole loop, through the server's own HTTP API.
+"""Custom images end to end through the REAL Paperclip server 2026.916.1 (docs/protocol.md H10.4,
+8): the operator's whole loop, through the server's own HTTP API.
 
 With our plugin installed from this checkout and a createos environment on the emulator, a setup
 session is started (``POST /api/environments/:id/custom-image-setup-sessions``), its connection

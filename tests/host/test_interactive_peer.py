@@ -1,7 +1,7 @@
 """Login terminals and duplex channels through the REAL Paperclip worker manager (checklist 80).
 
 The manager's own routes drive the worker (``openLoginPtySession``, ``openDuplexChannel``), so
-its binding, pair routing and close-acknowledgement checks (host-protocol.md 10.2-10.3) judge
+its binding, pair routing and close-acknowledgement checks (docs/protocol.md H10.2-H10.3) judge
 every frame: a frame for a pair it never bound or a close answer it does not accept makes it
 kill the worker. Each test therefore ends by proving the worker was not retired: the same shim
 and Python processes, no exit or crash event, no "retiring worker" log line, and a call that

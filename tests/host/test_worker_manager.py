@@ -198,7 +198,7 @@ async def test_an_unknown_driver_key_fails_the_hosts_manifest_validation(
 async def test_the_template_flags_to_declare_pass_the_hosts_manifest_validation(
     peer: HostPeer, tmp_path: Path
 ) -> None:
-    """The interactive-setup and template declarations (host-protocol.md 10.1): the real host
+    """The interactive-setup and template declarations (docs/protocol.md H10.1): the real host
     accepts them, and the worker serves their verbs."""
     root = package_copy(tmp_path)
     manifest = json.loads((root / "manifest.json").read_text())
