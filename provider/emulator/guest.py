@@ -35,7 +35,7 @@ MAX_MSG = 1 << 20
 # message is limited by the socket's send buffer (about 208 KiB by default, EMSGSIZE above it),
 # and a spawn carries the whole argv (up to the 1 MiB request body).
 INLINE_MSG = 64 * 1024
-VIA_FD = "via_fd"  # the op of such a request's inline part (guest_supervisor.read_ctrl)
+VIA_FD = "via_fd"  # the op of such a request's inline part (guest_channel.Channel.receive)
 START_TIMEOUT_S = 20.0
 KILL_WAIT_S = 5.0
 
