@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 if TYPE_CHECKING or __package__:
     from . import guest_files as files
     from .guest_channel import SIGNAL_NUMBERS
-    from .guest_trees import send, start_tree
+    from .guest_members import send
+    from .guest_trees import start_tree
 else:  # run in the guest: the modules are plain files next to each other
     import guest_files as files
     from guest_channel import SIGNAL_NUMBERS
-    from guest_trees import send, start_tree
+    from guest_members import send
+    from guest_trees import start_tree
 
 OpError = files.OpError
 

@@ -7,9 +7,9 @@ Standard library only; the emulator never imports it, it copies this file and it
 its data dir and bubblewrap binds that folder read-only into the guest: ``guest_channel.py``
 (the control socket: ``marshal`` requests in, JSON replies and events out, file descriptors
 passed with SCM_RIGHTS, so process output and file bodies never pass through this process),
-``guest_ops.py`` (what each request does), ``guest_trees.py`` (one subreaper per command) and
-``guest_files.py`` (file operations). Only builtin modules are imported at start: this start-up
-is on the create path.
+``guest_ops.py`` (what each request does), ``guest_trees.py`` (one subreaper per command),
+``guest_members.py`` (a tree's processes, and killing them) and ``guest_files.py`` (file
+operations). Only builtin modules are imported at start: this start-up is on the create path.
 
 This module is the loop: requests on the socket (fd given as argv[1]), reaper status pipes,
 reaping, and the kill rounds of trees being deleted. Events (``exit``, ``tree_exit``, naming
@@ -35,15 +35,17 @@ if TYPE_CHECKING:
 if TYPE_CHECKING or __package__:  # imported by the emulator's tests
     from .guest_channel import NOTHING, SIGNAL_NAMES, Channel
     from .guest_files import OpError
+    from .guest_members import descendants, freeze_and_kill, scan, send, unowned
     from .guest_ops import OPS, op_unknown
-    from .guest_trees import Tree, descendants, freeze_and_kill, scan, send, unowned
+    from .guest_trees import Tree
 else:  # run in the guest as a script: the helpers are bound next to it
     sys.dont_write_bytecode = True  # the folder is read-only
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from guest_channel import NOTHING, SIGNAL_NAMES, Channel
     from guest_files import OpError
+    from guest_members import descendants, freeze_and_kill, scan, send, unowned
     from guest_ops import OPS, op_unknown
-    from guest_trees import Tree, descendants, freeze_and_kill, scan, send, unowned
+    from guest_trees import Tree
 
 TREE_POLL_S = 0.05
 
