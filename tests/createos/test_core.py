@@ -507,4 +507,4 @@ async def test_a_pending_cancellation_wins_over_a_retryable_error(delays: list[f
 def test_one_retry_table_for_calls_and_stream_opens(
     method: str, retry: bool, statuses: set[int], transport: bool
 ) -> None:
-    assert retry_policy(method, retry=retry) == (statuses, transport)
+    assert retry_policy(method, retry=retry) == (frozenset(statuses), transport)
