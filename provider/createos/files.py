@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import anyio
 
-from provider.createos.core import FILE_TIMEOUT, IDEMPOTENT_RETRY, ClientCore
+from provider.createos.core import FILE_TIMEOUT, ClientCore
 from provider.createos.models import require_id
 from provider.createos.upload import UploadBody
 
@@ -64,8 +64,6 @@ class FileCalls(ClientCore):
             "PUT",
             url,
             operation=operation,
-            retry_on=IDEMPOTENT_RETRY,
-            retry_transport=True,
             upload=lambda: UploadBody(source, size, on_progress, offset=offset),
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             limits=FILE_TIMEOUT,
