@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: the emulator as a subprocess, /proc figures of a process, and
-config helpers. The Python host stand-in is :class:`provider.devtools.stdio_host.StdioHost`.
+config helpers. The Python host stand-in is :class:`devtools.stdio_host.StdioHost`.
 
 Not a test helper: nothing here asserts; the scripts print what they measure.
 """
@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import REPO_ROOT, HostPeer
+from devtools.emulator_process import EmulatorProcess
+from devtools.host_peer import REPO_ROOT, HostPeer
 
 PYTHON: Final = str(REPO_ROOT / ".venv" / "bin" / "python")
 API_KEY: Final = "bench-key"

@@ -10,7 +10,7 @@ Readers of the same kind of process in the same emulator (its own process), inte
 - ``manager``: ``environmentExecute`` through the REAL Paperclip worker manager (Node) into its
   ``onLog`` sink; the peer relays every chunk as an NDJSON line and this script parses it.
 - ``stand-in``: the same call from a Python host stand-in that speaks the worker protocol over
-  pipes and parses every line (provider/devtools/stdio_host.py ``StdioHost``), without Node in
+  pipes and parses every line (devtools/stdio_host.py ``StdioHost``), without Node in
   the path.
 
 The worker sends at most 128 Mi characters live per call (the host's own cap, spec 5); the rest
@@ -64,11 +64,11 @@ from _common import (
     save_result,
 )
 
+from devtools.emulator_process import EmulatorProcess
+from devtools.host_peer import HostPeer
+from devtools.stdio_host import StdioHost, lease_ref, with_lease
 from provider.createos.client import HTTP11_READ_BYTES, CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 GOAL_RATIO = 0.7
 HTTPX_DEFAULT_READ = 64 * 1024

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import anyio
 
-from provider.devtools.demo_hosts import WorkerHost
+from devtools.demo_hosts import WorkerHost
 from provider.emulator import Emulator
 
 TIMEOUT_MS: Final = 300_000

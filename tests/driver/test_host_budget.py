@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.emulator_process import EmulatorProcess
 from provider.driver.core.budget import HOST_GRACE
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.runtime import DriverRuntime

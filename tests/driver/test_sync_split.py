@@ -24,8 +24,8 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from devtools.stdio_host import StdioHost, lease_ref, with_lease
 from provider.createos.upload import UploadBody
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 from provider.driver.transfer import sync
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime

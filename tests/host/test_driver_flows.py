@@ -16,8 +16,8 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 from tests.driver.stream_helpers import carriers_at

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from provider.devtools.host_peer import DRIVER_SCRIPT, HostPeer, ensure_peer_installed
+from devtools.host_peer import DRIVER_SCRIPT, HostPeer, ensure_peer_installed
 from tests.host.peer_helpers import streaming_package
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

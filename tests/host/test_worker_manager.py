@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools.host_peer import REPO_ROOT, HostPeer
+from devtools.peer_sessions import PeerCallError
+from devtools.procfs import pid_alive, wait_until_gone
 from provider.app import build_dispatcher
-from provider.devtools.host_peer import REPO_ROOT, HostPeer
-from provider.devtools.peer_sessions import PeerCallError
-from provider.devtools.procfs import pid_alive, wait_until_gone
 from tests.host.peer_helpers import package_copy, streaming_package
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

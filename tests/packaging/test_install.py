@@ -46,10 +46,10 @@ from typing import Any
 
 import pytest
 
-from provider.devtools import host_peer
-from provider.devtools.host_peer import HostPeer, ensure_peer_installed
-from provider.devtools.peer_sessions import PeerCallError
-from provider.devtools.procfs import child_pids, cmdline, wait_until_gone
+from devtools import host_peer
+from devtools.host_peer import HostPeer, ensure_peer_installed
+from devtools.peer_sessions import PeerCallError
+from devtools.procfs import child_pids, cmdline, wait_until_gone
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 from tests.packaging.conftest import REPO_ROOT, host_key

@@ -28,8 +28,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
-from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import Emulator
 from tests.call_params import environment_call
 

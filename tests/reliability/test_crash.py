@@ -33,11 +33,11 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError
+from devtools.procfs import wait_until_gone
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError
-from provider.devtools.procfs import wait_until_gone
 from provider.driver.core.state_folder import ENV_PLUGIN_ID, JOURNAL_NAME, instance_dir, state_roots
 from provider.emulator import Emulator
 from tests.call_params import environment_call

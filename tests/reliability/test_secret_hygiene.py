@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
+from devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 from tests.call_params import environment_call, state_files

@@ -16,13 +16,13 @@ from typing import Final
 
 import anyio
 
-from provider.devtools.demo_egress import (
+from devtools.demo_egress import (
     GREETING,
     RESTRICTED_EGRESS,
     connect_script,
     loopback_listener,
 )
-from provider.devtools.demo_project import (
+from devtools.demo_project import (
     CHECK_SCRIPT,
     EXCLUDED,
     RELEASE_NOTES,
@@ -32,7 +32,7 @@ from provider.devtools.demo_project import (
     synced_file_count,
     write_project,
 )
-from provider.devtools.demo_session import DemoFailure, DemoSession, expect
+from devtools.demo_session import DemoFailure, DemoSession, expect
 
 WORKSPACE_ROOT: Final = "/paperclip-workspace"
 PROBE_TIMEOUT_MS: Final = 120_000

@@ -36,9 +36,9 @@ import anyio
 import anyio.abc
 import httpx
 
-from provider.devtools.procfs import child_pids, wait_until_gone
+from devtools.procfs import child_pids, wait_until_gone
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 E2E_DIR: Final = REPO_ROOT / "host" / "e2e"
 PAPERCLIP_VERSION: Final = "2026.916.1"
 SERVER_STOP_S: Final = 30.0

@@ -31,7 +31,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
-from provider.devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
+from devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
 
 STUB_IMAGE_DIR: Final = REPO_ROOT / "tests" / "e2e" / "agent-image"
 STUB_IMAGE: Final = "paperclip-agent-stub:1"

@@ -1,6 +1,6 @@
 """The demo's session with a worker host: call params, host calls, the API's own view of a
 sandbox (on the emulator), the one way the demo runs a command, and the cleanup and facts
-every walk ends with. The steps themselves are :mod:`provider.devtools.demo_walkthrough`'s.
+every walk ends with. The steps themselves are :mod:`devtools.demo_walkthrough`'s.
 """
 
 from __future__ import annotations
@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import anyio
 
-from provider.devtools.demo_hosts import HostReport, WorkerHost
-from provider.devtools.demo_project import SANDBOX_PROJECT
-from provider.devtools.demo_transcript import Transcript
+from devtools.demo_hosts import HostReport, WorkerHost
+from devtools.demo_options import DemoOptions
+from devtools.demo_project import SANDBOX_PROJECT
+from devtools.demo_transcript import Transcript
 from provider.emulator import Emulator
-
-if TYPE_CHECKING:
-    from provider.devtools.demo import DemoOptions
 
 TIMEOUT_MS: Final = 300_000
 CALL_SLACK_MS: Final = 30_000

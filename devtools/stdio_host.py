@@ -38,8 +38,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from provider.devtools.host_peer import REPO_ROOT
-from provider.devtools.peer_sessions import PeerCallError
+from devtools.host_peer import REPO_ROOT
+from devtools.peer_sessions import PeerCallError
 from provider.rpc.stdio import FdReceiveStream, FdSendStream, LineReader
 
 LogCallback = Callable[[str, str], None]
