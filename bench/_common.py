@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
+from devtools import call_params
 from devtools.emulator_process import EmulatorProcess
 from devtools.host_peer import REPO_ROOT, HostPeer
 
@@ -99,18 +100,14 @@ async def emulator_process() -> AsyncIterator[EmulatorProcess]:
 
 def environment_call(base_url: str, *, timeout_ms: int = 600_000) -> dict[str, Any]:
     """The common params of every driver call against ``base_url``."""
-    return {
-        "driverKey": "createos",
-        "companyId": "bench-company",
-        "environmentId": "bench-env",
-        "config": {
-            "apiUrl": base_url,
-            "apiKey": API_KEY,
-            "shape": SHAPE,
-            "timeoutMs": timeout_ms,
-            "reuseLease": False,
-        },
-    }
+    return call_params.environment_call(
+        base_url,
+        API_KEY,
+        company_id="bench-company",
+        environment_id="bench-env",
+        timeout_ms=timeout_ms,
+        shape=SHAPE,
+    )
 
 
 # --- worker starts under the real manager ------------------------------------------------------

@@ -63,8 +63,9 @@ from _common import (
     save_result,
 )
 
+from devtools.call_params import lease_ref, route_params, with_lease
 from devtools.emulator_process import EmulatorProcess
-from devtools.stdio_host import LogCallback, StdioHost, lease_ref, with_lease
+from devtools.stdio_host import LogCallback, StdioHost
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, ENV_INTERVAL_MS
 
 KIB = 1024
@@ -182,14 +183,7 @@ class Bench:
         channel = self.routes.open(route)
         answer = await self.host.call(
             "duplexChannelOpen",
-            {
-                "hostRouteId": route,
-                "driverKey": "createos",
-                "companyId": self.common["companyId"],
-                "environmentId": self.common["environmentId"],
-                "providerLeaseId": self.lease["providerLeaseId"],
-                "command": command,
-            },
+            route_params(self.common, self.lease, route, command=command),
         )
         if answer.get("hostRouteId") != route:
             raise RuntimeError(f"duplexChannelOpen answered {answer!r}")

@@ -64,9 +64,10 @@ from _common import (
     save_result,
 )
 
+from devtools.call_params import bash, lease_ref, with_lease
 from devtools.emulator_process import EmulatorProcess
 from devtools.host_peer import HostPeer
-from devtools.stdio_host import StdioHost, lease_ref, with_lease
+from devtools.stdio_host import StdioHost
 from provider.createos.client import HTTP11_READ_BYTES, CreateOSClient
 from provider.createos.pacer import RequestPacer
 
@@ -234,7 +235,7 @@ async def worker_run(
     lease: dict[str, Any],
     size: int,
 ) -> Run:
-    params = {**with_lease(common, lease), "command": "bash", "args": ["-c", producer(size)]}
+    params = bash(with_lease(common, lease), producer(size))
     meter = Meter()
     cpu_before = cpu_seconds(worker_pid)
     result = await call(params, meter.sink)

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 import anyio
 
+from devtools.call_params import call_config, common_params, lease_ref, with_lease
 from devtools.demo_hosts import HostReport, WorkerHost
 from devtools.demo_options import DemoOptions
 from devtools.demo_project import SANDBOX_PROJECT
@@ -51,13 +52,9 @@ class DemoSession:
         self.t = transcript
         self.emulator = emulator
         self.work_dir = work_dir
-        self.config: dict[str, Any] = {
-            "apiUrl": api_url,
-            "apiKey": options.api_key,
-            "shape": options.shape,
-            "timeoutMs": TIMEOUT_MS,
-            "reuseLease": True,
-        }
+        self.config = call_config(
+            api_url, options.api_key, shape=options.shape, timeout_ms=TIMEOUT_MS, reuse_lease=True
+        )
         if options.rootfs:
             self.config["rootfs"] = options.rootfs
         self.lease: dict[str, Any] | None = None
@@ -71,12 +68,11 @@ class DemoSession:
     # -- helpers -----------------------------------------------------------------------------
 
     def common(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": COMPANY_ID,
-            "environmentId": ENVIRONMENT_ID,
-            "config": dict(self.config if config is None else config),
-        }
+        return common_params(
+            self.config if config is None else config,
+            company_id=COMPANY_ID,
+            environment_id=ENVIRONMENT_ID,
+        )
 
     def lease_ref(
         self, lease: dict[str, Any] | None = None, config: dict[str, Any] | None = None
@@ -84,18 +80,14 @@ class DemoSession:
         """Release, resume and destroy params of ``lease`` (default: the reusable one)."""
         lease = self.lease if lease is None else lease
         assert lease is not None
-        return {
-            **self.common(config),
-            "providerLeaseId": lease["providerLeaseId"],
-            "leaseMetadata": lease["metadata"],
-        }
+        return lease_ref(self.common(config), lease)
 
     def with_lease(
         self, lease: dict[str, Any] | None = None, config: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         lease = self.lease if lease is None else lease
         assert lease is not None
-        return {**self.common(config), "lease": {**lease, "expiresAt": None}}
+        return with_lease(self.common(config), lease)
 
     async def call(self, method: str, params: dict[str, Any], timeout_ms: int) -> Any:
         return await self.host.call(method, params, timeout_ms=timeout_ms)

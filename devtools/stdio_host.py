@@ -372,17 +372,3 @@ def _initialize_params() -> dict[str, Any]:
             "deploymentExposure": "private",
         },
     }
-
-
-def with_lease(common: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
-    """``common`` call params plus the lease as the host passes it."""
-    return {**common, "lease": {**lease, "expiresAt": None}}
-
-
-def lease_ref(common: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
-    """``common`` call params plus the lease id and metadata (release/resume/destroy)."""
-    return {
-        **common,
-        "providerLeaseId": lease["providerLeaseId"],
-        "leaseMetadata": lease["metadata"],
-    }
