@@ -16,9 +16,6 @@ THIS_FILE = "tests/test_docs.py"
 NOT_YET_CITING_THE_REPO = (
     "provider/driver/",
     "tests/driver/",
-    "provider/emulator/",
-    "provider/devtools/",
-    "provider/createos/core.py",
 )
 
 # The specs' file names anywhere, and the two generic names (packaging.md, design.md) when they

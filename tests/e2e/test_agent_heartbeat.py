@@ -26,7 +26,7 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.agent_heartbeat import (
+from devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_FILE,
     STUB_IMAGE,
@@ -36,8 +36,8 @@ from provider.devtools.agent_heartbeat import (
     scratch_root,
     stage_stub_image,
 )
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
+from devtools.emulator_process import EmulatorProcess
 from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]

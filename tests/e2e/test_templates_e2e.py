@@ -30,9 +30,9 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.agent_heartbeat import AgentSite, scratch_root
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.agent_heartbeat import AgentSite, scratch_root
+from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
+from devtools.emulator_process import EmulatorProcess
 from provider.driver.setup.templates import endpoint_digest
 from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
 from tests.shell.local_pty import helper_env, local_terminal

@@ -24,11 +24,11 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError, SessionExit, SessionTarget
-from provider.devtools.procfs import pid_alive
+from devtools.call_params import environment_call
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError, SessionExit, SessionTarget
+from devtools.procfs import pid_alive
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from provider.devtools.host_peer import HostPeer
+from devtools.call_params import environment_call
+from devtools.host_peer import HostPeer
 from provider.driver.commands.output import DEFAULT_TAIL_LIMIT, LIVE_CHUNK_MAX, utf16_len
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS, DROPPED_LOG, LogSink
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

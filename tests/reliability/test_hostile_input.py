@@ -28,13 +28,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.call_params import environment_call
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.runtime import DriverRuntime
 from provider.driver.core.text_params import lone_surrogate_policy
 from provider.driver.service import DriverService
 from provider.emulator import Emulator
 from provider.rpc.dispatcher import Dispatcher
-from tests.call_params import environment_call
 from tests.driver.conftest import unpaced_client
 from tests.rpc.harness import FakeHost, serving
 

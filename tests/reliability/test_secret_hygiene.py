@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
+from devtools.call_params import environment_call, lease_ref, state_files, with_lease
+from devtools.stdio_host import StdioHost, WorkerCallError
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
-from tests.call_params import environment_call, state_files
 from tests.reliability.secret_scan import encoded_forms, find_secret
 
 pytestmark = pytest.mark.anyio

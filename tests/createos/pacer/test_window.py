@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devtools.windows import max_in_window
 from provider.createos.pacer import (
     RequestPacer,
 )
-from provider.devtools.windows import max_in_window
 from tests.createos.pacer.virtual_time import (
     assert_window_bound,
     run_virtual,
