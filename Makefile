@@ -52,12 +52,12 @@ check: setup
 
 ## demo: start the worker under the real Paperclip worker manager and talk to it
 demo: setup
-	$(PY) -m provider.devtools.demo $(DEMO_ARGS)
+	$(PY) -m devtools.demo $(DEMO_ARGS)
 
 ## demo-agent: one real agent heartbeat in a sandbox on the full Paperclip server (first run
 ## installs the server from npm, about 2 minutes)
 demo-agent: setup
-	$(PY) -m provider.devtools.demo_agent $(DEMO_ARGS)
+	$(PY) -m devtools.demo_agent $(DEMO_ARGS)
 
 ## package: the npm packages operators install into dist/: paperclip-plugin-createos and one
 ## paperclip-createos-runtime-<platform> per platform (wheels from the lock, cached in .cache/wheels)

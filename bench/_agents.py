@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import httpx
 
-from provider.devtools.agent_heartbeat import (
+from devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_HOST_COMMAND,
     STUB_IMAGE,
@@ -28,8 +28,8 @@ from provider.devtools.agent_heartbeat import (
     scratch_root,
     stage_stub_image,
 )
-from provider.devtools.e2e_server import PaperclipServer
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.e2e_server import PaperclipServer
+from devtools.emulator_process import EmulatorProcess
 
 NO_PAUSE: Final = {"PAPERCLIP_STUB_PAUSE": "0"}  # a no-op agent: the stub does not sleep
 

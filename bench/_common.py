@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: the emulator as a subprocess, /proc figures of a process, and
-config helpers. The Python host stand-in is :class:`provider.devtools.stdio_host.StdioHost`.
+config helpers. The Python host stand-in is :class:`devtools.stdio_host.StdioHost`.
 
 Not a test helper: nothing here asserts; the scripts print what they measure.
 """
@@ -15,8 +15,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import REPO_ROOT, HostPeer
+from devtools import call_params
+from devtools.emulator_process import EmulatorProcess
+from devtools.host_peer import REPO_ROOT, HostPeer
 
 PYTHON: Final = str(REPO_ROOT / ".venv" / "bin" / "python")
 API_KEY: Final = "bench-key"
@@ -99,18 +100,14 @@ async def emulator_process() -> AsyncIterator[EmulatorProcess]:
 
 def environment_call(base_url: str, *, timeout_ms: int = 600_000) -> dict[str, Any]:
     """The common params of every driver call against ``base_url``."""
-    return {
-        "driverKey": "createos",
-        "companyId": "bench-company",
-        "environmentId": "bench-env",
-        "config": {
-            "apiUrl": base_url,
-            "apiKey": API_KEY,
-            "shape": SHAPE,
-            "timeoutMs": timeout_ms,
-            "reuseLease": False,
-        },
-    }
+    return call_params.environment_call(
+        base_url,
+        API_KEY,
+        company_id="bench-company",
+        environment_id="bench-env",
+        timeout_ms=timeout_ms,
+        shape=SHAPE,
+    )
 
 
 # --- worker starts under the real manager ------------------------------------------------------

@@ -1,7 +1,7 @@
 """Where a heartbeat's time goes: the worker's calls (its call log) against the commands the
 emulator ran (``GET /_emulator/exec-history`` and ``/process-history``), for the agent benches.
 
-:func:`classify` names a command from the host's scripts (agent-run.md 3): a bridge poll, a
+:func:`classify` names a command from the host's scripts (docs/protocol.md A3): a bridge poll, a
 log-tail tick, a duplex channel or anything else; a streamed exec is the worker's bash wrapper,
 whose text holds the command, so it is classified from the same words. :func:`timeline` lays
 one heartbeat out call by call: when each call started (from the invoke), how long the worker
@@ -27,7 +27,7 @@ def command_text(entry: dict[str, Any]) -> str:
 
 
 def classify(entry: dict[str, Any], *, managed: bool) -> str:
-    """What a command the emulator ran was, from the host's scripts (agent-run.md 3)."""
+    """What a command the emulator ran was, from the host's scripts (docs/protocol.md A3)."""
     text = command_text(entry)
     if "tail -c +" in text:
         return "log_tail"

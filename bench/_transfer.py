@@ -22,10 +22,11 @@ import anyio
 import httpx
 from _common import API_KEY, cpu_seconds, peak_rss_mib
 
+from devtools.call_params import lease_ref, with_lease
+from devtools.emulator_process import EmulatorProcess
+from devtools.stdio_host import StdioHost
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 WORKSPACE: Final = "/paperclip-workspace"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 from _common import median_ms, start_and_stop
 
-from provider.devtools.host_peer import REPO_ROOT, HostPeer
+from devtools.host_peer import REPO_ROOT, HostPeer
 
 GOAL_RATIO = 1.5
 

@@ -2,7 +2,7 @@
 
 One full Paperclip server, one emulator with CreateOS's 300-requests-per-minute limit on, one
 ``createos`` environment (default settings, default pacing, the file bridge) and the stub agent
-of ``tests/e2e/agent-image`` (provider/devtools/agent_heartbeat.py), as in ``bench/heartbeat.py``.
+of ``tests/e2e/agent-image`` (devtools/agent_heartbeat.py), as in ``bench/heartbeat.py``.
 Runs, each starting on a full request bucket (the bench waits ``capacity x interval`` first):
 
 - ``at-once-N``, for each N of ``--agents``: N agents invoke one heartbeat each at the same time;
@@ -40,11 +40,11 @@ from _agents import agent_stage
 from _common import save_result
 from _timeline import count_kinds
 
+from devtools.agent_heartbeat import AgentSite
+from devtools.e2e_server import REPO_ROOT
+from devtools.emulator_process import EmulatorProcess
+from devtools.windows import max_in_window
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
-from provider.devtools.agent_heartbeat import AgentSite
-from provider.devtools.e2e_server import REPO_ROOT
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.windows import max_in_window
 
 BACK_TO_BACK_AGENTS: Final = 4
 WINDOW_BOUND: Final = 280  # the pacer's 40 + 4/s over 60 s, under CreateOS's 300

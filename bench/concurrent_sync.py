@@ -1,7 +1,7 @@
 """A heartbeat's four inbound syncs on one lease: one after another vs all at once, same run.
 
 With ``concurrentSyncOperations`` declared the host may send a run's inbound syncs (the
-workspace and the ``skills``, ``mcp-config`` and ``config-seed`` assets, agent-run.md 3.4)
+workspace and the ``skills``, ``mcp-config`` and ``config-seed`` assets, docs/protocol.md A3.4)
 together instead of one at a time. This bench rebuilds that set: four directory syncs of the
 heartbeat's sizes, each with post-upload commands shaped like the host's (``mkdir``, ``tar -xf``
 of an uploaded archive, ``rm``), through the real driver against the emulator in its own process,

@@ -1,7 +1,7 @@
 """Duplex channel throughput and round-trip latency, against the execute relay in the same run.
 
 The real worker (``python -m provider`` under the Python stdio host,
-provider/devtools/stdio_host.py, which hands it the host's scrubbed environment and passes this
+devtools/stdio_host.py, which hands it the host's scrubbed environment and passes this
 script every ``duplexChannel.*`` notification) against the emulator in its own process, one
 lease, **default pacing** (token bucket of 10, one request per 250 ms: what the worker does
 unless told otherwise; ``--pace-ms 0`` turns it off, as bench/connections.py does). Modes,
@@ -63,9 +63,10 @@ from _common import (
     save_result,
 )
 
+from devtools.call_params import lease_ref, route_params, with_lease
+from devtools.emulator_process import EmulatorProcess
+from devtools.stdio_host import LogCallback, StdioHost
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, ENV_INTERVAL_MS
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import LogCallback, StdioHost, lease_ref, with_lease
 
 KIB = 1024
 WRITE_BYTES = 256 * KIB  # one duplexChannelWrite (= one /input request)
@@ -182,14 +183,7 @@ class Bench:
         channel = self.routes.open(route)
         answer = await self.host.call(
             "duplexChannelOpen",
-            {
-                "hostRouteId": route,
-                "driverKey": "createos",
-                "companyId": self.common["companyId"],
-                "environmentId": self.common["environmentId"],
-                "providerLeaseId": self.lease["providerLeaseId"],
-                "command": command,
-            },
+            route_params(self.common, self.lease, route, command=command),
         )
         if answer.get("hostRouteId") != route:
             raise RuntimeError(f"duplexChannelOpen answered {answer!r}")

@@ -10,11 +10,12 @@ Readers of the same kind of process in the same emulator (its own process), inte
 - ``manager``: ``environmentExecute`` through the REAL Paperclip worker manager (Node) into its
   ``onLog`` sink; the peer relays every chunk as an NDJSON line and this script parses it.
 - ``stand-in``: the same call from a Python host stand-in that speaks the worker protocol over
-  pipes and parses every line (provider/devtools/stdio_host.py ``StdioHost``), without Node in
+  pipes and parses every line (devtools/stdio_host.py ``StdioHost``), without Node in
   the path.
 
-The worker sends at most 128 Mi characters live per call (the host's own cap, spec 5); the rest
-of the output is still read, decoded and tail-buffered. So two rates are reported per reader:
+The worker sends at most 128 Mi characters live per call (the host's own cap, docs/protocol.md
+H5); the rest of the output is still read, decoded and tail-buffered. So two rates are reported
+per reader:
 
 - live relay: the first 128 MiB, first byte -> 128 Mi characters delivered (plain: first frame
   -> 128 MiB read), which is the relay into the log sink proper;
@@ -64,11 +65,12 @@ from _common import (
     save_result,
 )
 
+from devtools.call_params import bash, lease_ref, with_lease
+from devtools.emulator_process import EmulatorProcess
+from devtools.host_peer import HostPeer
+from devtools.stdio_host import StdioHost
 from provider.createos.client import HTTP11_READ_BYTES, CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 
 GOAL_RATIO = 0.7
 HTTPX_DEFAULT_READ = 64 * 1024
@@ -234,7 +236,7 @@ async def worker_run(
     lease: dict[str, Any],
     size: int,
 ) -> Run:
-    params = {**with_lease(common, lease), "command": "bash", "args": ["-c", producer(size)]}
+    params = bash(with_lease(common, lease), producer(size))
     meter = Meter()
     cpu_before = cpu_seconds(worker_pid)
     result = await call(params, meter.sink)

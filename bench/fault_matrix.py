@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 
-from provider.devtools.host_peer import REPO_ROOT
+from devtools.host_peer import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT))  # the cells live with the tests
 

@@ -1,7 +1,7 @@
 """A real agent heartbeat: the host's local environment vs a ``createos`` sandbox (emulator).
 
 One full Paperclip server (2026.916.1), one emulator, the stub agent CLI of
-``tests/e2e/agent-image`` (provider/devtools/agent_heartbeat.py). Each round runs one heartbeat
+``tests/e2e/agent-image`` (devtools/agent_heartbeat.py). Each round runs one heartbeat
 per variant, interleaved, so every variant meets the same machine load. Each paced heartbeat
 starts on a full request bucket (the bench waits ``capacity x interval`` before it, outside the
 timed window): the lone heartbeat the pacer's burst is sized for. ``--back-to-back`` starts each
@@ -54,11 +54,11 @@ from _agents import agent_stage
 from _common import save_result
 from _timeline import count_kinds, timeline
 
+from devtools.agent_heartbeat import AgentSite
+from devtools.e2e_server import REPO_ROOT, PaperclipServer
+from devtools.emulator_process import EmulatorProcess
+from devtools.windows import max_in_window
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
-from provider.devtools.agent_heartbeat import AgentSite
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.windows import max_in_window
 
 VARIANTS: Final = ("local", "sandbox", "unpaced", "streamed", "duplex")
 PACED: Final = ("sandbox", "streamed", "duplex")

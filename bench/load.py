@@ -19,7 +19,7 @@ import time
 
 import anyio
 
-from provider.devtools.host_peer import REPO_ROOT
+from devtools.host_peer import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT))  # the load run lives with the tests
 

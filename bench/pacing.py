@@ -33,8 +33,8 @@ from typing import Any, Protocol
 import anyio
 from _common import save_result
 
+from devtools.windows import max_in_window
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, RequestPacer
-from provider.devtools.windows import max_in_window
 
 EVEN_INTERVAL = 0.3
 SERVICE_S = 0.03

@@ -41,7 +41,7 @@ from typing import Any
 import anyio
 from _common import median_ms, save_result, start_and_stop
 
-from provider.devtools.host_peer import REPO_ROOT, HostPeer, ensure_peer_installed
+from devtools.host_peer import REPO_ROOT, HostPeer, ensure_peer_installed
 
 GOAL_FIRST_MS = 1000.0
 GOAL_WARM_EXTRA_MS = 100.0

@@ -3,7 +3,7 @@ the worker against an emulator whose per-file limit is 500 MiB (so it travels as
 against ``tar`` piped into PUTs of the same parts (and GETs piped into ``tar -x``) in the same
 run.
 
-The worker runs in its own process (provider/devtools/stdio_host.py ``StdioHost``: the protocol
+The worker runs in its own process (devtools/stdio_host.py ``StdioHost``: the protocol
 over pipes, the host's scrubbed environment, so its requests are paced as in production) and the
 emulator in another, so the worker's peak RSS (VmHWM) and CPU time are its own.
 
@@ -53,8 +53,8 @@ from _common import (
     save_result,
 )
 
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost
+from devtools.emulator_process import EmulatorProcess
+from devtools.stdio_host import StdioHost
 from provider.driver.transfer.sync import PART_BYTES
 
 GOAL_RATIO = 1.3

@@ -2,7 +2,7 @@
 through the worker, against ``tar`` piped into a plain HTTP PUT (and a GET piped into ``tar -x``)
 against the same emulator in the same run.
 
-The worker runs in its own process (provider/devtools/stdio_host.py ``StdioHost``: the protocol
+The worker runs in its own process (devtools/stdio_host.py ``StdioHost``: the protocol
 over pipes, the host's scrubbed environment, so its requests are paced at the real 300 ms) and the
 emulator
 in another, so the worker's peak RSS (VmHWM) and CPU time are its own.
@@ -52,8 +52,8 @@ from _common import (
     save_result,
 )
 
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.stdio_host import StdioHost
+from devtools.emulator_process import EmulatorProcess
+from devtools.stdio_host import StdioHost
 
 GOAL_RATIO = 1.3
 GOAL_RSS_MIB = 100.0

@@ -57,8 +57,8 @@ from typing import Any, Final
 import anyio
 from _common import MIB, emulator_process, environment_call, save_result
 
+from devtools.emulator_process import EmulatorProcess
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, ENV_INTERVAL_MS
-from provider.devtools.emulator_process import EmulatorProcess
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.runtime import DriverRuntime
 from provider.driver.service import DriverService

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real Paperclip worker manager (host-protocol.md section 9.1) into a cache folder.
+# Install the real Paperclip worker manager (docs/protocol.md H9.1) into a cache folder.
 #
 # Default folder: <repo>/.cache/paperclip/peer; PAPERCLIP_PEER_CACHE overrides it. Idempotent:
 # a folder whose stamp file records the pinned versions is left alone. Prints the folder path

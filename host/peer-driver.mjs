@@ -14,7 +14,7 @@
 //   {"id":4,"op":"stop","pluginId":"p"}
 //   {"id":5,"op":"status"}
 //   {"id":6,"op":"worker","pluginId":"p"}   (that worker's diagnostics(), or null)
-// Login terminals and duplex channels, through the manager's own routes (host-protocol.md 10.2-10.3):
+// Login terminals and duplex channels, through the manager's own routes (docs/protocol.md H10.2-H10.3):
 //   {"op":"loginOpen","pluginId":"p","driverKey","companyId","environmentId","providerLeaseId",
 //    "loginCommandKey","sessionHome"}                -> {"session":"login-1"}  (manager.openLoginPtySession)
 //   {"op":"duplexOpen","pluginId":"p","driverKey","companyId","environmentId","providerLeaseId",

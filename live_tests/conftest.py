@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from devtools.demo_hosts import HostChoice, HostReport, open_worker_host
 from live_tests.session import TIMEOUT_MS, LiveSession, RouteLog
 from live_tests.settings import (
     SKIP_REASON,
@@ -29,7 +30,6 @@ from live_tests.settings import (
     live_mode,
     load_settings,
 )
-from provider.devtools.demo_hosts import HostChoice, HostReport, open_worker_host
 from provider.emulator import BwrapUnavailable, Emulator
 
 REDACTED = "***"

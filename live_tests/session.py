@@ -18,7 +18,15 @@ from typing import Any, Final
 
 import anyio
 
-from provider.devtools.demo_hosts import WorkerHost
+from devtools.call_params import (
+    bash,
+    common_params,
+    lease_ref,
+    route_params,
+    validate_params,
+    with_lease,
+)
+from devtools.demo_hosts import WorkerHost
 from provider.emulator import Emulator
 
 TIMEOUT_MS: Final = 300_000
@@ -93,19 +101,16 @@ class LiveSession:
     environment_id: str = field(default_factory=lambda: f"live-smoke-{uuid.uuid4().hex[:12]}")
 
     def common(self) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "config": dict(self.config),
-        }
+        return common_params(
+            self.config, company_id=self.company_id, environment_id=self.environment_id
+        )
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         return await self.host.call(method, params, timeout_ms=CALL_BUDGET_MS)
 
     async def validate(self) -> dict[str, Any]:
         answer: dict[str, Any] = await self.call(
-            "environmentValidateConfig", {"driverKey": "createos", "config": dict(self.config)}
+            "environmentValidateConfig", validate_params(self.config)
         )
         return answer
 
@@ -123,14 +128,10 @@ class LiveSession:
         return lease
 
     def _ref(self, lease: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **self.common(),
-            "providerLeaseId": lease["providerLeaseId"],
-            "leaseMetadata": lease["metadata"],
-        }
+        return lease_ref(self.common(), lease)
 
     def _with(self, lease: dict[str, Any]) -> dict[str, Any]:
-        return {**self.common(), "lease": {**lease, "expiresAt": None}}
+        return with_lease(self.common(), lease)
 
     async def release(self, lease: dict[str, Any]) -> Any:
         return await self.call("environmentReleaseLease", self._ref(lease))
@@ -149,13 +150,7 @@ class LiveSession:
     async def execute(self, lease: dict[str, Any], script: str, **extra: Any) -> ExecuteOutcome:
         """``bash -c script`` in the workspace; live chunks are collected as they arrive."""
         live: list[tuple[str, str]] = []
-        params = {
-            **self._with(lease),
-            "command": "bash",
-            "args": ["-c", script],
-            "timeoutMs": COMMAND_TIMEOUT_MS,
-            **extra,
-        }
+        params = bash(self._with(lease), script, **{"timeoutMs": COMMAND_TIMEOUT_MS, **extra})
         result = await self.host.call(
             "environmentExecute",
             params,
@@ -165,13 +160,7 @@ class LiveSession:
         return ExecuteOutcome(result, live)
 
     def _route_params(self, lease: dict[str, Any], route: str) -> dict[str, Any]:
-        return {
-            "hostRouteId": route,
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "providerLeaseId": lease["providerLeaseId"],
-        }
+        return route_params(self.common(), lease, route)
 
     async def open_channel(self, lease: dict[str, Any], route: str, command: list[str]) -> Any:
         """``duplexChannelOpen`` (the host's route ids look like ``duplex-route-<n>``)."""

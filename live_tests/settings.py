@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from provider.devtools.demo_hosts import HOST_CHOICES, HostChoice
+from devtools.demo_hosts import HOST_CHOICES, HostChoice
 from provider.egress_rules import ACCEPTED_FORMS, RuleError, normalize_rule
 
 MODE_VARIABLE: Final = "CREATEOS_LIVE_TEST"

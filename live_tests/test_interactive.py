@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
+from devtools.peer_sessions import PeerCallError
 from live_tests.session import LiveSession, RouteLog
-from provider.devtools.peer_sessions import PeerCallError
 
 pytestmark = pytest.mark.anyio
 

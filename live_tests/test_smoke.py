@@ -20,8 +20,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from devtools.demo_egress import GREETING, connect_script, loopback_listener
 from live_tests.session import LiveSession
-from provider.devtools.demo_egress import GREETING, connect_script, loopback_listener
 from provider.driver.leases.placement import merge_egress
 
 pytestmark = pytest.mark.anyio

@@ -5,7 +5,7 @@ Start-up order (see ``provider.app.run_stdio``): move the protocol stream off fd
 async machinery.
 
 ``python -m provider shell [--api-url ORIGIN] SANDBOX_ID`` is the operator's attach helper
-(:mod:`provider.shell`, provider-behavior.md 8.1); it is imported only for that subcommand.
+(:mod:`provider.shell`, docs/protocol.md 8.1); it is imported only for that subcommand.
 ``python -m provider doctor --api-url URL ...`` checks a live endpoint's behaviour
 (:mod:`provider.doctor`), likewise imported only for that subcommand.
 """

@@ -1,6 +1,6 @@
 """Environment config of the ``createos`` driver: parse, normalize, fill defaults, resolve the key.
 
-One parser serves ``environmentValidateConfig`` and every runtime call (provider-behavior.md
+One parser serves ``environmentValidateConfig`` and every runtime call (docs/protocol.md
 section 1). The host applies no schema defaults and no ``required``: we do. Every error names the
 field and the fix; no message ever repeats the API key or the given URL.
 """
@@ -265,7 +265,8 @@ def is_key_text(key: str) -> bool:
 
 
 def resolve_api_key(config: EnvironmentConfig, environ: Mapping[str, str] | None = None) -> str:
-    """The key to send as ``X-Api-Key`` (spec 1.4); raises ``ConfigError`` naming the fix."""
+    """The key to send as ``X-Api-Key`` (docs/protocol.md 1.4); raises ``ConfigError`` naming
+    the fix."""
     if config.api_key is not None:
         key = config.api_key.strip()
     elif config.api_url == DEFAULT_API_URL:

@@ -1,4 +1,4 @@
-"""Field parsers of the environment config (provider-behavior.md 1.2), used by
+"""Field parsers of the environment config (docs/protocol.md 1.2), used by
 :mod:`provider.config`: text and integer fields, and the placement fields of the sandbox itself
 (``egressAllowlist``, ``autoPauseAfterSeconds``, ``rootfsByAdapter``, ``snapshot``).
 
@@ -159,7 +159,7 @@ def _clean(value: object) -> str | None:
 def snapshot(
     raw: Mapping[str, Any], *, rootfs: str | None, by_adapter: Mapping[str, str]
 ) -> str | None:
-    """The paused template sandbox each lease forks (provider-behavior.md 1.2.11, 8.4): a text
+    """The paused template sandbox each lease forks (docs/protocol.md 1.2.11, 8.4): a text
     field holding a CreateOS id. A template replaces the image, so it is refused beside
     ``rootfs`` or a non-empty ``rootfsByAdapter``."""
     field = "snapshot"
@@ -169,7 +169,7 @@ def snapshot(
         value = None
         valid = False
     else:
-        valid = value is None or is_valid_id(value)  # a CreateOS id (createos-api.md 1.9)
+        valid = value is None or is_valid_id(value)  # a CreateOS id (docs/protocol.md C1.9)
     if not valid:
         raise ConfigError(
             f"{field} must be a CreateOS sandbox id (1 to 200 letters, digits, '_' or '-'), "

@@ -1,4 +1,4 @@
-"""The egress rule grammar (provider-behavior.md 1.5), one copy for the worker and the emulator.
+"""The egress rule grammar (docs/protocol.md 1.5), one copy for the worker and the emulator.
 
 A rule is ``*``; a host name (``github.com``, ``*.example.com``); an IPv4 or IPv6 address or
 CIDR (``203.0.113.7``, ``10.0.0.0/8``, ``2001:db8::/32``); any of the last two with ``:port``

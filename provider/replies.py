@@ -1,7 +1,7 @@
 """A result whose follow-up notifications must not overtake it on the wire.
 
 Opening a login terminal or a duplex channel answers with a session id, and the session's output
-notifications name that id: the host must read the answer first (host-protocol.md 10.2-10.3).
+notifications name that id: the host must read the answer first (docs/protocol.md H10.2-H10.3).
 A handler returns :class:`AfterReply` around its result; the dispatcher writes the result and
 then calls ``written(True)`` once the reply line is on its way, or ``written(False)`` when it was
 not written as given (it could not be encoded and an error went instead, or the output is gone):

@@ -1,6 +1,6 @@
 """The host's verb names this worker serves, in the order ``supportedMethods`` lists them.
 
-host-protocol.md 10.1 and 10.4: the ten lease and transfer verbs, then the interactive-setup and
+docs/protocol.md H10.1 and H10.4: the ten lease and transfer verbs, then the interactive-setup and
 template verbs, then the interactive groups (login terminals, duplex channels). Shared by
 :mod:`provider.rpc` (the handshake's order, the SDK's optional hooks) and :mod:`provider.driver`
 (its method table); it knows neither. Standard library only: the handshake imports it before

@@ -1,4 +1,4 @@
-"""Environment config: the table of provider-behavior.md section 1 (valid, invalid, normalized)."""
+"""Environment config: the rules of docs/protocol.md 1 (valid, invalid, normalized)."""
 
 from __future__ import annotations
 
@@ -364,7 +364,7 @@ def test_a_shape_outside_the_catalog_is_a_warning_not_an_error() -> None:
     assert "catalog" in warning
 
 
-# --- API key resolution (spec 1.4) ---------------------------------------------------------------
+# --- API key resolution (docs/protocol.md 1.4) ----------------------------------------------------
 
 
 def test_config_key_always_wins() -> None:

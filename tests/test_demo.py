@@ -1,4 +1,4 @@
-"""The demo end to end, as an operator runs it: ``python -m provider.devtools.demo``.
+"""The demo end to end, as an operator runs it: ``python -m devtools.demo``.
 
 Each test runs the demo as its own process and reads its transcript (the last one drives the
 walk's cleanup with a stand-in host). The worker paces its requests with the real 300 ms, so a
@@ -19,15 +19,15 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.devtools.demo import DemoOptions
-from provider.devtools.demo_hosts import node_available
-from provider.devtools.demo_transcript import Transcript
-from provider.devtools.demo_walkthrough import Walkthrough
+from devtools.demo_hosts import node_available
+from devtools.demo_options import DemoOptions
+from devtools.demo_transcript import Transcript
+from devtools.demo_walkthrough import Walkthrough
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEMO = [sys.executable, "-m", "provider.devtools.demo"]
+DEMO = [sys.executable, "-m", "devtools.demo"]
 RUN_TIMEOUT_S = 300
 STEPS = 15  # endpoint, worker, validate, probe, acquire ... egress, destroy, stop
 

@@ -55,9 +55,8 @@ TREE: dict[str, tuple[str, int, str]] = {
     "ReconnectBudgetExhausted": ("APIProtocolError", W, "error"),
 }
 
-#: Packages outside the worker's tree: the emulator imports nothing from the worker, and the
-#: development harnesses are not the worker.
-OUTSIDE = ("provider.emulator", "provider.devtools")
+#: Outside the worker's tree: the emulator imports nothing from the worker.
+OUTSIDE = ("provider.emulator",)
 
 
 def _worker_error_classes() -> list[type[ProviderError]]:

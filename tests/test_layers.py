@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROVIDER = ROOT / "provider"
 
 #: The driver's wings, lowest first: a wing imports its own modules and the wings below it.
 #: ``transfer``, ``interactive`` and ``setup`` are peers at the top and never import each other.
@@ -55,16 +54,16 @@ def _module_name(path: Path) -> str:
 
 def _walk(body: list[ast.stmt], late: bool) -> Iterator[tuple[ast.AST, bool]]:
     for node in body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
-            yield from ((child, True) for child in ast.walk(node))
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            yield from ((child, True) for child in ast.walk(node))
-        else:
-            yield from ((child, late) for child in ast.walk(node))
+        deferred = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) or (
+            isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+        )
+        yield from ((child, late or deferred) for child in ast.walk(node))
 
 
-def load_modules() -> dict[str, Module]:
-    modules = {_module_name(p): Module(_module_name(p), p) for p in PROVIDER.rglob("*.py")}
+def load_modules(package: str = "provider") -> dict[str, Module]:
+    """Every module of the top-level ``package`` and its imports of that package's modules."""
+    found = (ROOT / package).rglob("*.py")
+    modules = {_module_name(p): Module(_module_name(p), p) for p in found}
     for module in modules.values():
         package = (
             module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
@@ -81,7 +80,7 @@ def load_modules() -> dict[str, Module]:
                 submodules = [f"{base}.{alias.name}" for alias in node.names]
                 targets = [t for t in submodules if t in modules] or [base]
             for target in targets:
-                if not target.startswith("provider"):
+                if target.partition(".")[0] != package:
                     module.external.add(target.partition(".")[0])
                     continue
                 while target not in modules and "." in target:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools.demo_hosts import open_worker_host
 from live_tests.session import CleanupFailed, LiveSession
 from live_tests.settings import LiveSettingsError, load_settings
-from provider.devtools.demo_hosts import open_worker_host
 from provider.emulator import Emulator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -57,7 +57,7 @@ def test_manifest_declares_one_createos_sandbox_provider() -> None:
 def test_declared_interactive_features_match_the_served_verb_groups() -> None:
     """A flag without its verbs makes the host's close fail and kill the worker (login PTY,
     duplex) or its setup calls fail with 422; verbs without the flag are never used
-    (host-protocol.md 10.1). Each group is served whole or not at all, and every declared
+    (docs/protocol.md H10.1). Each group is served whole or not at all, and every declared
     flag has its verbs. Every group ships, so every served group has its flag declared."""
     from provider.driver.methods import VERBS
 
@@ -93,8 +93,8 @@ def test_declared_interactive_features_match_the_served_verb_groups() -> None:
 
 
 def test_template_declarations_name_our_connection_and_binding() -> None:
-    """The setup and template flags and their companions (host-protocol.md 10.1,
-    provider-behavior.md 8): our connection type, the snapshot binding that unsets the image
+    """The setup and template flags and their companions (docs/protocol.md H10.1,
+    8): our connection type, the snapshot binding that unsets the image
     fields, and the API URL as the template's identity."""
     (driver,) = _json("manifest.json")["environmentDrivers"]
     assert driver["supportsInteractiveSetup"] is True

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the full Paperclip server (host-protocol.md section 9.2) into a cache folder:
+# Install the full Paperclip server (docs/protocol.md H9.2) into a cache folder:
 # Node 24 from the npm package node-linux-<arch>, then paperclipai and @paperclipai/server.
 #
 # Default folder: <repo>/.cache/paperclip/host (gitignored); PAPERCLIP_HOST_CACHE overrides it.

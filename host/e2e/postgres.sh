@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL cluster for the full-server smoke (host-protocol.md section 9.2).
+# A throwaway PostgreSQL cluster for the full-server smoke (docs/protocol.md H9.2).
 #
 #   postgres.sh bin                 print the bin folder of the system PostgreSQL (15 preferred),
 #                                   installing the Debian package first when none is found

@@ -1,4 +1,4 @@
-"""The CreateOS Sandbox HTTP API client (createos-api.md sections 1-7).
+"""The CreateOS Sandbox HTTP API client (docs/protocol.md C1-C7).
 
 :class:`CreateOSClient` is composed of one mixin per resource over a shared request core:
 

@@ -10,15 +10,16 @@ attempt, retries and stream opens included, first waits for its turn at the orig
 :class:`~provider.createos.pacer.RequestPacer`; a 429 penalizes that pacer for every worker.
 Redirects are never followed.
 
-Retries (one attempt loop, :meth:`ClientCore._attempts`): GET, DELETE, PUT of a replayable body and
-PATCH (we only PATCH absolute values) are retried on transport errors and HTTP 408, 429, 500, 502,
-503, 504; POST (sandbox creation, fork, process creation and exec included) on 429 and 503, the two
-statuses by which the server says it did not process the request (both official SDKs retry them on
-every method; a 503 is "no host with capacity, retry shortly"). At most ``max_retries`` extra
-attempts, ``Retry-After`` (seconds or an HTTP date) first, otherwise ``min(backoff_base * 2**n +
-U(0, backoff_base), 30)`` seconds. A wait that would pass the caller's anyio deadline is not
-started: the error is raised at once (for a ``Retry-After`` the message says so). A ``Retry-After``
-of any length is waited for when the deadline allows it; a call without a deadline waits at most
+Retries (one attempt loop, :meth:`ClientCore._attempts`, one table, :func:`retry_policy`): GET,
+DELETE, PUT of a replayable body and PATCH (we only PATCH absolute values) are retried on
+transport errors and HTTP 408, 429, 500, 502, 503, 504; POST (sandbox creation, fork, process
+creation and exec included) on 429 and 503, the two statuses by which the server says it did not
+process the request (both official SDKs retry them on every method; a 503 is "no host with
+capacity, retry shortly"). At most ``max_retries`` extra attempts, ``Retry-After`` (seconds or
+an HTTP date) first, otherwise ``min(backoff_base * 2**n + U(0, backoff_base), 30)`` seconds. A
+wait that would pass the caller's anyio deadline is not started: the error is raised at once
+(for a ``Retry-After`` the message says so). A ``Retry-After`` of any length is waited for when
+the deadline allows it; a call without a deadline waits at most
 :data:`~provider.createos.retry.MAX_RETRY_AFTER`. A stream is retried only while opening and only
 when asked (``retry_open``), never once its body has started.
 
@@ -98,6 +99,19 @@ NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport failures before any byte of the request left: nothing reached the server."""
 POST_RETRY: Final = frozenset({429, 503})
 """Statuses a POST is retried on (the server says it did not process the request)."""
+IDEMPOTENT_METHODS: Final = frozenset({"GET", "DELETE", "PUT", "PATCH"})
+"""Retried like a GET (PATCH: we only PATCH absolute values; PUT: of a replayable body)."""
+
+
+def retry_policy(method: str, *, retry: bool = True) -> tuple[frozenset[int], bool]:
+    """What an attempt of ``method`` is retried on: the statuses, and whether transport errors
+    too (module docstring). ``retry=False`` (a GET stream opened without ``retry_open``) turns
+    an idempotent method's retries off; a POST keeps its 429 and 503 retries."""
+    if method not in IDEMPOTENT_METHODS:
+        return POST_RETRY, False
+    if not retry:
+        return frozenset(), False
+    return IDEMPOTENT_RETRY, True
 
 
 async def _sleep(seconds: float) -> None:
@@ -196,8 +210,6 @@ class ClientCore:
         url: str,
         *,
         operation: str,
-        retry_on: frozenset[int],
-        retry_transport: bool,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
         upload: Callable[[], UploadBody] | None = None,
@@ -205,7 +217,8 @@ class ClientCore:
         limits: httpx.Timeout = DEFAULT_TIMEOUT,
         wire: Wire | None = None,
     ) -> httpx.Response:
-        """Send with pacing and retries; return the 2xx response or raise our error."""
+        """Send with pacing and retries (:func:`retry_policy` of ``method``); return the 2xx
+        response or raise our error."""
 
         async def send() -> httpx.Response:
             body = upload() if upload is not None else None
@@ -223,28 +236,21 @@ class ClientCore:
                 if body is not None:
                     body.close()
 
-        return await self._attempts(
-            send,
-            operation=operation,
-            retry_on=retry_on,
-            retry_transport=retry_transport,
-            wire=wire,
-        )
+        return await self._attempts(send, operation, retry_policy(method), wire)
 
     async def _attempts(
         self,
         send: Callable[[], Awaitable[httpx.Response]],
-        *,
         operation: str,
-        retry_on: frozenset[int],
-        retry_transport: bool,
-        wire: Wire | None = None,
+        policy: tuple[frozenset[int], bool],
+        wire: Wire | None,
     ) -> httpx.Response:
         """The one attempt loop: each attempt waits for the pacer, then ``send``s. Return the
-        2xx response; retry a status in ``retry_on`` (and a transport error when
-        ``retry_transport``) while :meth:`_retry_wait` allows; otherwise raise our error. A
-        refused answer is closed before the next attempt. ``wire`` is kept up to date (module
-        docstring)."""
+        2xx response; retry a status in the ``policy``'s set (and a transport error when it
+        says so, :func:`retry_policy`) while :meth:`_retry_wait` allows; otherwise raise our
+        error. A refused answer is closed before the next attempt. ``wire`` is kept up to date
+        (module docstring)."""
+        retry_on, retry_transport = policy
         wire = wire if wire is not None else Wire()
         attempt = 0
         while True:
@@ -309,16 +315,8 @@ class ClientCore:
         wire: Wire | None = None,
     ) -> Any:
         """A JSend call: retried per the method (see the module docstring); returns ``data``."""
-        idempotent = method in ("GET", "DELETE", "PUT", "PATCH")  # PATCH: absolute values only
         response = await self._call(
-            method,
-            url,
-            operation=operation,
-            retry_on=IDEMPOTENT_RETRY if idempotent else POST_RETRY,
-            retry_transport=idempotent,
-            params=params,
-            json=json,
-            wire=wire,
+            method, url, operation=operation, params=params, json=json, wire=wire
         )
         return unwrap_success(response.status_code, response.content, operation)
 
@@ -347,17 +345,8 @@ class ClientCore:
             )
             return self._http.send(request, stream=True)
 
-        if method == "POST":
-            retry_on = POST_RETRY
-        else:
-            retry_on = IDEMPOTENT_RETRY if retry_open else frozenset()
-        response = await self._attempts(
-            send,
-            operation=operation,
-            retry_on=retry_on,
-            retry_transport=retry_open and method == "GET",
-            wire=wire,
-        )
+        policy = retry_policy(method, retry=retry_open)
+        response = await self._attempts(send, operation, policy, wire)
         try:
             body = _Body(response, operation)
             try:

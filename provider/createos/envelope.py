@@ -1,4 +1,4 @@
-"""JSend envelopes and list pages of the CreateOS API (createos-api.md 1.4, 1.6).
+"""JSend envelopes and list pages of the CreateOS API (docs/protocol.md C1.4, C1.6).
 
 Pure functions over a status code and body bytes; they raise
 :class:`~provider.createos.errors.APIProtocolError` naming the operation and status, never

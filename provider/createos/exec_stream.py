@@ -1,4 +1,4 @@
-"""The streaming exec: ``POST /sandboxes/{id}/exec?stream=true`` (createos-api.md section 5).
+"""The streaming exec: ``POST /sandboxes/{id}/exec?stream=true`` (docs/protocol.md C5).
 
 One request runs a command with its stdin in the body and answers NDJSON frames with one key
 each until the exit code: ``{"stdout": text}``, ``{"stderr": text}``, ``{"hb": true}`` (about

@@ -1,6 +1,6 @@
 """File calls of the CreateOS client: upload and download one file of a sandbox.
 
-createos-api.md sections on ``/sandboxes/{id}/files?path=``. The upload body
+docs/protocol.md C7 (``/sandboxes/{id}/files?path=``). The upload body
 (:class:`provider.createos.upload.UploadBody`) is rebuilt for each attempt, so a ``PUT`` is
 replayable and retried like other idempotent calls. A download (``get_file``) is retried only
 while opening, never once its body has started (no silent restart mid-file).
@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import anyio
 
-from provider.createos.core import FILE_TIMEOUT, IDEMPOTENT_RETRY, ClientCore
+from provider.createos.core import FILE_TIMEOUT, ClientCore
 from provider.createos.models import require_id
 from provider.createos.upload import UploadBody
 
@@ -64,8 +64,6 @@ class FileCalls(ClientCore):
             "PUT",
             url,
             operation=operation,
-            retry_on=IDEMPOTENT_RETRY,
-            retry_transport=True,
             upload=lambda: UploadBody(source, size, on_progress, offset=offset),
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
             limits=FILE_TIMEOUT,
@@ -76,7 +74,7 @@ class FileCalls(ClientCore):
     ) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """``GET .../files?path=`` as raw body chunks; errors are raised on enter.
 
-        A GET is idempotent (createos-api.md 1.8), so opening the download is retried like
+        A GET is idempotent (docs/protocol.md C1.8), so opening the download is retried like
         other GETs; once body bytes flow, a cut is raised to the caller (no silent restart).
         """
         require_id(sandbox_id, "sandbox")

@@ -1,4 +1,4 @@
-"""The bytes-in, frames-out half of following a process's output (provider-behavior.md 3.6).
+"""The bytes-in, frames-out half of following a process's output (docs/protocol.md 3.6).
 
 :class:`FrameParser` turns ``connect`` body chunks into validated :class:`DataFrame` and
 :class:`ExitFrame` objects and tracks the ``seq`` cursor; protocol errors are fatal.
@@ -65,7 +65,7 @@ class _Frame(msgspec.Struct):
     """A line as decoded; fields are checked by hand (see :meth:`FrameParser._frame`).
 
     ``data_base64`` is decoded by msgspec itself, about three times faster than
-    ``binascii.a2b_base64``. msgspec accepts exactly the spec's strict padded alphabet,
+    ``binascii.a2b_base64``. msgspec accepts exactly the strict padded alphabet of 3.6,
     ``^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$`` (empty allowed);
     anything else, or a non-string, fails the line as malformed. The tests hold it to that.
     """
@@ -178,7 +178,7 @@ class FrameParser:
             except msgspec.ValidationError:
                 raise
             except msgspec.DecodeError:
-                # The spec decodes with replacement first; only invalid UTF-8 parses again.
+                # 3.6 decodes with replacement first; only invalid UTF-8 parses again.
                 raw = _decoder.decode(bytes(line).decode("utf-8", "replace"))
         except msgspec.ValidationError as exc:
             raise MalformedFrame(

@@ -28,7 +28,7 @@ SANDBOX_STATES: Final[frozenset[str]] = frozenset(
         "failed",
     }
 )
-"""The ten sandbox states of createos-api.md section 4."""
+"""The ten sandbox states of docs/protocol.md C4."""
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,200}")
 

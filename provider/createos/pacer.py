@@ -2,7 +2,7 @@
 
 CreateOS allows 300 requests per minute per caller IP. Every request start (control calls,
 retries, cleanup, stream opens) first awaits :meth:`RequestPacer.wait_turn`, which takes one
-token from the bucket of the request's normalized origin (provider-behavior.md section 4):
+token from the bucket of the request's normalized origin (docs/protocol.md 4):
 
 * **capacity 40 tokens, refill one token per** ``interval`` (default 250 ms, 4 per second),
   starting full. A burst of up to 40 starts goes out without waiting (a lone agent heartbeat of

@@ -1,7 +1,7 @@
 """Managed-process calls of the CreateOS client: start, read, kill, stdin, resize and the output
 stream.
 
-createos-api.md sections on ``/sandboxes/{id}/processes``. Starting a process and writing its input
+docs/protocol.md C6 (``/sandboxes/{id}/processes``). Starting a process and writing its input
 are POSTs, repeated only on 429 and 503 (a lost answer may already have started it or delivered the
 bytes). The output stream (:meth:`ProcessCalls.connect`) is never retried here: its reader,
 :func:`provider.createos.stream.follow_process_output`, reconnects with ``after=``.
@@ -20,7 +20,7 @@ from provider.createos.models import ProcessView, process_view, require_id
 from provider.createos.wire import Wire
 
 MAX_INPUT_BYTES: Final = 256 * 1024  # decoded bytes per /input request
-MAX_PTY_SIDE: Final = 1000  # rows and cols of a PTY: integers from 1 to this (createos-api.md 8.6)
+MAX_PTY_SIDE: Final = 1000  # rows and cols of a PTY: integers 1 to this (docs/protocol.md C8.6)
 SIGNALS: Final = (
     "SIGHUP",
     "SIGINT",

@@ -1,7 +1,7 @@
 """Sandbox calls of the CreateOS client: create, read, list, delete, pause, resume, patch,
 fork and exec.
 
-createos-api.md sections on ``/sandboxes``. Creation, fork and ``exec`` are POSTs, so they are
+docs/protocol.md C3 (``/sandboxes``). Creation, fork and ``exec`` are POSTs, so they are
 repeated only on 429 and 503, the server's "not processed" (a fork's bundle-window 409 is retried by
 its caller, which owns the deadline); reads, lists, deletes and PATCHes of absolute values are
 retried like other idempotent calls (:mod:`provider.createos.core`). Every answer is checked to be
@@ -147,7 +147,7 @@ class SandboxCalls(ClientCore):
         disable_auto_pause: bool = False,
         ingress_enabled: bool | None = None,
     ) -> None:
-        """``PATCH /sandboxes/{id}`` with the given settings only (createos-api.md 3.7):
+        """``PATCH /sandboxes/{id}`` with the given settings only (docs/protocol.md C3.7):
         ``auto_pause_after_seconds`` arms the idle pause, ``disable_auto_pause`` disarms it."""
         require_id(sandbox_id, "sandbox")
         body: dict[str, Any] = {}
@@ -172,7 +172,7 @@ class SandboxCalls(ClientCore):
         ingress_enabled: bool,
         envs: Mapping[str, str] | None = None,
     ) -> tuple[str, str | None]:
-        """``POST /sandboxes/{id}/fork`` of a paused sandbox (createos-api.md 3.9): the new
+        """``POST /sandboxes/{id}/fork`` of a paused sandbox (docs/protocol.md C3.9): the new
         sandbox's id and the status answered (None when unknown). ``egress`` is always sent:
         an empty list would inherit the source's, so callers pass ``["*"]`` for allow-all.
         ``envs`` are added to the source's. 409 raises Conflict (not durable yet, or not

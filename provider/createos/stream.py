@@ -1,4 +1,4 @@
-"""Following a managed process's NDJSON output to its exit (provider-behavior.md 3.5, 3.6).
+"""Following a managed process's NDJSON output to its exit (docs/protocol.md 3.5, 3.6).
 
 :func:`follow_process_output` connects from ``after=0``, validates every frame (with
 :class:`~provider.createos.frames.FrameParser`), yields :class:`DataFrame` and finally one

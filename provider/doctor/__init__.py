@@ -1,6 +1,6 @@
 """``python -m provider doctor``: a live check of the CreateOS API assumptions the worker makes.
 
-The spec leaves several behaviours of the real API open (createos-api.md section 9); the worker
+The API documentation leaves several behaviours open (docs/protocol.md C9); the worker
 is written against stated assumptions about them. The doctor creates one sandbox on an endpoint,
 observes each of those behaviours and prints a table (assumption, observed, ok / violated /
 skipped). Modules:

@@ -1,7 +1,7 @@
 """Sandbox checks: idle auto-pause and the keepalive read, the ``status=paused`` list filter,
 ``PUT /files`` parents, a paused sandbox's answers, another key's view, ``Retry-After``.
 
-createos-api.md section 9 (questions 5, 6, 10, 12), 1.2, 3.3. Each check talks to the
+docs/protocol.md C9 (questions 5, 6, 10, 12), C1.2, C3.3. Each check talks to the
 doctor's one sandbox through the worker's client (:class:`~provider.createos.client.CreateOSClient`)
 and turns what came back into :class:`~provider.doctor.report.Finding` rows; only the 429 check
 reads the wire record (:attr:`provider.doctor.wire.Wire.seen`).

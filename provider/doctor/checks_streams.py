@@ -1,5 +1,5 @@
 """Stream checks: heartbeat spacing on ``connect`` and on the exec stream, and where the exec
-stream ends when a background child keeps stdout open (createos-api.md 5, 6.3, section 9 q. 4).
+stream ends when a background child keeps stdout open (docs/protocol.md C5, C6.3, C9 q. 4).
 
 Each check runs one silent command for ``stream_seconds`` and reads its stream to the end
 through :class:`~provider.doctor.wire.Wire`, which times every line. A heartbeat is a
@@ -85,7 +85,7 @@ async def exec_stream_end(target: Target) -> Finding:
     """The leader prints and exits at once; a background child holds stdout for
     :data:`CHILD_HOLD_S` and then prints. Its line on the stream means the stream waited for
     stdio EOF; an exit frame without it means the stream ended at the leader's exit. Both are
-    handled by the worker (provider-behavior.md 3.9); a stream without an exit frame is not."""
+    handled by the worker (docs/protocol.md 3.9); a stream without an exit frame is not."""
     key = "exec_stream_end"
     script = f"(sleep {CHILD_HOLD_S}; echo child-done) & echo leader-done"
     lines = await _exec_stream(target, ["-c", script])

@@ -44,8 +44,8 @@ def _parser() -> _Parser:
         prog=PROG,
         description=(
             "Check, against a live CreateOS endpoint, every API behaviour the worker relies on "
-            "that the spec leaves open. Creates one sandbox (billable on CreateOS), deletes it at "
-            f"the end in every case. The key comes from --api-key-file or {KEY_ENV}."
+            "that its documentation leaves open. Creates one sandbox (billable on CreateOS), "
+            f"deletes it at the end in every case. The key comes from --api-key-file or {KEY_ENV}."
         ),
     )
     parser.add_argument(

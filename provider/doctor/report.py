@@ -2,8 +2,8 @@
 
 Every check has a fixed key and assumption text, known before anything runs, so a check that
 was never reached (an earlier failure, Ctrl-C, the deadline) still gets its row: ``skipped``
-with the reason. ``violated`` means the endpoint did not behave as the spec assumes
-(createos-api.md); ``observed`` says what it did instead, in words built by the doctor itself
+with the reason. ``violated`` means the endpoint did not behave as the worker assumes
+(docs/protocol.md C9); ``observed`` says what it did instead, in words built by the doctor itself
 (statuses, counts, timings), never a response body.
 """
 
@@ -17,7 +17,7 @@ Outcome = Literal["ok", "violated", "skipped"]
 
 HEARTBEAT_LIMIT_S: Final = 30.0
 """The longest silence a stream may keep while its command prints nothing: the worker's stream
-reader takes a longer one for a dead connection (createos-api.md 5 and 6.3: about 5 s)."""
+reader takes a longer one for a dead connection (docs/protocol.md C5 and C6.3: about 5 s)."""
 
 ASSUMPTIONS: Final[dict[str, str]] = {
     "idle_pause": "an armed sandbox pauses itself once idle auto_pause_after_seconds",

@@ -1,4 +1,4 @@
-"""The streamed exec's body (``/exec?stream=true``, createos-api.md 5): NDJSON frames as output
+"""The streamed exec's body (``/exec?stream=true``, docs/protocol.md C5): NDJSON frames as output
 is read, heartbeats in silences, the leader's ``exit_code`` once both pipes reach EOF.
 
 The command is driven by a task of the sandbox, not of the request: a client that hangs up (or

@@ -1,11 +1,9 @@
-"""The emulator's side of one sandbox: the bwrap process and the control channel to its supervisor.
+"""The emulator's end of one sandbox's control channel, and the guest's life around it.
 
-:class:`Guest` starts ``bwrap`` (from the event-loop thread, so ``--die-with-parent`` is tied to a
-thread that lives as long as the emulator), waits for the supervisor's ``ready`` event, then
-multiplexes requests, replies (with passed file descriptors) and events over one SOCK_SEQPACKET
-socket. Exit events are recorded synchronously by the reader task, so a process can never miss
-its own exit.
-"""
+:class:`Guest` starts ``bwrap`` (``guest_process.py``), waits for the supervisor's ``ready``
+event, then multiplexes requests, replies (with passed file descriptors) and events over one
+SOCK_SEQPACKET socket. Exit events are recorded synchronously by the reader task, so a process
+can never miss its own exit."""
 
 from __future__ import annotations
 
@@ -14,10 +12,8 @@ import json
 import logging
 import marshal
 import os
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +21,9 @@ from typing import Any
 
 import anyio
 
+from . import guest_process
 from .bwrap import GuestRuntime, sandbox_argv
-from .hostscan import boot_ticks, scan_host
+from .hostscan import boot_ticks
 
 log = logging.getLogger("provider.emulator")
 
@@ -35,9 +32,8 @@ MAX_MSG = 1 << 20
 # message is limited by the socket's send buffer (about 208 KiB by default, EMSGSIZE above it),
 # and a spawn carries the whole argv (up to the 1 MiB request body).
 INLINE_MSG = 64 * 1024
-VIA_FD = "via_fd"  # the op of such a request's inline part (guest_supervisor.read_ctrl)
+VIA_FD = "via_fd"  # the op of such a request's inline part (guest_channel.Channel.receive)
 START_TIMEOUT_S = 20.0
-KILL_WAIT_S = 5.0
 
 
 class GuestGone(Exception):
@@ -105,7 +101,6 @@ class Guest:
     ) -> None:
         """Launch bwrap and wait until the supervisor says it is ready."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        info_r, info_w = os.pipe()
         try:
             argv = sandbox_argv(
                 self.runtime,
@@ -117,28 +112,15 @@ class Guest:
                 unshare_net=unshare_net,
                 image_mounts=image_mounts,
             )
-            argv[1:1] = ["--info-fd", str(info_w)]
-            with log_path.open("ab") as errlog:
-                self.proc = subprocess.Popen(  # noqa: ASYNC220 - must fork from the loop thread
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=errlog,
-                    pass_fds=(theirs.fileno(), info_w),
-                    close_fds=True,
-                    user=self.runtime.drop_to_uid,
-                    group=self.runtime.drop_to_uid,
-                    extra_groups=None if self.runtime.drop_to_uid is None else [],
-                )
+            self.proc, info_r = guest_process.launch(argv, self.runtime, theirs.fileno(), log_path)
         finally:
             theirs.close()
-            os.close(info_w)
         ours.setblocking(False)
         self.sock = ours
         tg.start_soon(self._read_loop)
         try:
             with anyio.fail_after(START_TIMEOUT_S):
-                info = await _read_info(info_r)
+                info = await guest_process.read_info(info_r)
                 await self._ready.wait()
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -146,14 +128,11 @@ class Guest:
             raise
         finally:
             os.close(info_r)
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            self.host_pid = int(json.loads(info or b"{}")["child-pid"])
-        if self.host_pid is not None:
-            with contextlib.suppress(OSError):
-                self.child_pidfd = os.pidfd_open(self.host_pid)
-                self.pid_ns = os.readlink(f"/proc/{self.host_pid}/ns/pid")  # noqa: PTH115
+        self.host_pid, self.child_pidfd, self.pid_ns = guest_process.supervisor_identity(info)
         if self._gone:
-            raise GuestGone(f"sandbox payload exited during start{_log_tail(log_path)}")
+            raise GuestGone(
+                f"sandbox payload exited during start{guest_process.log_tail(log_path)}"
+            )
 
     async def kill(self) -> None:
         """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace), wait until the
@@ -161,43 +140,16 @@ class Guest:
         self._gone = True
         pidfd, self.child_pidfd = self.child_pidfd, None
         if pidfd is not None:
-            try:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                with anyio.move_on_after(KILL_WAIT_S):
-                    await anyio.wait_readable(pidfd)
-            finally:
-                os.close(pidfd)
+            await guest_process.stop_supervisor(pidfd)
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-        proc = self.proc
-        if proc is not None:
-            with anyio.move_on_after(KILL_WAIT_S):
-                while proc.poll() is None:  # noqa: ASYNC110 - Popen offers no awaitable exit
-                    await anyio.sleep(0.005)
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    proc.kill()
-                await anyio.to_thread.run_sync(proc.wait)
+        if self.proc is not None:
+            await guest_process.reap_bwrap(self.proc)
         if self.pid_ns is not None and self.ended_at is None:
-            await anyio.to_thread.run_sync(self._empty_namespace)
+            await anyio.to_thread.run_sync(guest_process.empty_namespace, self.pid_ns)
             self.ended_at = boot_ticks()
         self._fail_pending()
-
-    def _empty_namespace(self) -> None:
-        """SIGKILL whatever is still in the namespace (belt and braces; blocking)."""
-        assert self.pid_ns is not None
-        deadline = time.monotonic() + KILL_WAIT_S
-        while time.monotonic() < deadline:
-            left = scan_host({self.pid_ns: None}).get(self.pid_ns, [])
-            if not left:
-                return
-            for member in left:
-                with contextlib.suppress(OSError):
-                    os.kill(member.host_pid, signal.SIGKILL)
-            time.sleep(0.01)
-        log.warning("sandbox namespace %s still has processes after kill", self.pid_ns)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -341,29 +293,3 @@ class Guest:
                 watch.exit = ExitInfo(signal="SIGKILL")
             watch.exited.set()
             watch.tree_gone.set()
-
-
-async def _read_info(fd: int) -> bytes:
-    """Read bwrap's ``--info-fd`` JSON (ends at its closing brace or EOF)."""
-    os.set_blocking(fd, False)
-    chunks: list[bytes] = []
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            await anyio.wait_readable(fd)
-            continue
-        chunks.append(chunk)
-        if not chunk or b"}" in chunk:
-            return b"".join(chunks)
-
-
-def _log_tail(path: Path, limit: int = 600) -> str:
-    """The end of a guest's stderr log (bwrap's own errors land there), for a start failure."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - limit))
-            text = fh.read().decode(errors="replace").strip()
-    except OSError:
-        return ""
-    return f": {text}" if text else ""

@@ -1,6 +1,6 @@
 # Raw os calls on guest paths: this file runs standalone, by the host python3, in the guest.
 # Builtin modules only (no contextlib): try/except/pass stands in for suppress().
-# ruff: noqa: PTH208, SIM105
+# ruff: noqa: SIM105
 """In-guest process trees: one subreaper per command the supervisor starts.
 
 Imported by ``guest_supervisor.py`` (builtin modules only, plus ``ctypes`` for ``prctl``, loaded
@@ -17,7 +17,8 @@ A reaper reports on a pipe, one line each: ``P<leader pid>`` (the leader is held
 It ignores every catchable signal, so a guest ``kill -TERM -1`` or ``pkill`` cannot cut a tree
 loose; if a guest SIGKILLs a reaper anyway (the pipe ends without ``D``), the tree is
 *detached*: its members are then the processes that no live reaper owns (they were re-parented
-to pid 1), which only such trees can leave behind.
+to pid 1), which only such trees can leave behind. Finding a tree's members and killing them is
+``guest_members.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 if TYPE_CHECKING or __package__:
@@ -39,7 +39,6 @@ else:  # run in the guest: the modules are plain files next to each other
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 REAPER_NAME = b"createos-reaper"
-FREEZE_ROUNDS = 20
 REAPER_IGNORES = tuple(
     getattr(_signal, name)
     for name in (
@@ -259,89 +258,3 @@ def _exec_leader(
         if fd != target:
             os.dup2(fd, target)
     os.execve(program, argv, env)  # noqa: S606 - argv from the API, never through a shell
-
-
-# -- membership ---------------------------------------------------------------------------
-Table = dict[int, tuple[int, bool]]  # guest pid -> (parent pid, alive: not a zombie)
-
-
-def scan() -> Table:
-    """Every guest process with its parent (one pass over ``/proc``)."""
-    table: Table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                raw = fh.read()
-        except OSError:
-            continue
-        rest = raw[raw.rfind(b")") + 2 :].split()
-        table[int(name)] = (int(rest[1]), rest[0] not in (b"Z", b"X"))
-    return table
-
-
-def descendants(root: int, table: Table) -> list[int]:
-    """Live descendants of ``root`` (itself excluded)."""
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _alive) in table.items():
-        children.setdefault(parent, []).append(pid)
-    found: list[int] = []
-    seen = {root}
-    todo = list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        if pid in seen:  # a pid reused while /proc was read could fake a cycle
-            continue
-        seen.add(pid)
-        if table[pid][1]:
-            found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
-
-
-def unowned(table: Table, reapers: set[int]) -> list[int]:
-    """Live processes that no reaper in ``reapers`` owns (pid 1 excluded): what detached trees
-    left behind. A process whose parent is not in the table counts as owned (never claim a
-    process that may belong to a live tree)."""
-    owner: dict[int, bool] = dict.fromkeys(reapers, True)
-    owner[1] = False
-    found: list[int] = []
-    for pid, (_parent, alive) in table.items():
-        chain: list[int] = []
-        node = pid
-        while node not in owner:
-            entry = table.get(node)
-            if entry is None or node in chain:
-                owner[node] = True
-                break
-            chain.append(node)
-            node = entry[0]
-        verdict = owner[node]
-        for member in chain:
-            owner[member] = verdict
-        if alive and pid != 1 and pid not in reapers and not verdict:
-            found.append(pid)
-    return found
-
-
-def send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def freeze_and_kill(members: Callable[[], list[int]]) -> None:
-    """SIGSTOP every member until a scan finds no new one (a fork racing the scan shows up in
-    the next), then SIGKILL them all. Callers repeat until the tree is gone."""
-    stopped: set[int] = set()
-    for _ in range(FREEZE_ROUNDS):
-        fresh = [pid for pid in members() if pid not in stopped]
-        if not fresh:
-            break
-        for pid in fresh:
-            send(pid, _signal.SIGSTOP)
-            stopped.add(pid)
-    for pid in stopped:
-        send(pid, _signal.SIGKILL)

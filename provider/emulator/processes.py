@@ -5,7 +5,7 @@ the emulator, which reads them directly (no relay hop). A pump (``pumps.py``) ke
 pipe into the journal whether or not a reader is attached. "Finished" means the leader's exit is
 known and both pipes reached EOF, or stayed empty for ``exit_drain_ms`` (a background child may
 keep them open); only then is the ``exit`` line appended, after every data frame read so far.
-A streamed exec finishes at EOF only (createos-api.md 5: the worst case of an unknown).
+A streamed exec finishes at EOF only (docs/protocol.md C5: the worst case of an unknown).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """What the /v1 handlers read from a request: its JSON body, the sandbox it names, checked fields.
 
-:func:`json_body`, :func:`sandbox_of` and :func:`require_running` serve every /v1 route module
-(sandboxes, exec and files, processes). The ``validate_*`` checks and :func:`build_spec` turn the
-fields of create, fork and PATCH bodies into stored values or a 400 ``fail`` keyed by the field:
-envs, egress rules (the worker's grammar, ``provider/egress_rules.py``: a bad rule is named by
-its position, never quoted), the auto-pause range and booleans.
+Every helper the /v1 route modules (sandboxes, exec and files, processes) share lives here, so
+no route module imports another. :func:`json_body`, :func:`sandbox_of` and
+:func:`require_running` serve all of them; :func:`command_fields`, :func:`call_env` and
+:data:`HOME` read a command (exec and processes). The ``validate_*`` checks and
+:func:`build_spec` turn the fields of create, fork and PATCH bodies into stored values or a 400
+``fail`` keyed by the field: envs, egress rules (the worker's grammar,
+``provider/egress_rules.py``: a bad rule is named by its position, never quoted), the
+auto-pause range and booleans.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MAX_AUTO_PAUSE = 86_400
 MAX_BODY = 1 << 20
+HOME = "/root"  # the cwd of an exec, and of a process that names none
 
 
 async def json_body(ctx: Ctx, *, required: bool = True, limit: int = MAX_BODY) -> dict[str, Any]:
@@ -52,6 +56,30 @@ def sandbox_of(ctx: Ctx) -> Sandbox:
 def require_running(sandbox: Sandbox) -> None:
     if sandbox.status != "running":
         raise conflict(f"sandbox is {sandbox.status}, not running")
+
+
+def call_env(sandbox: Sandbox, raw: Any) -> dict[str, str]:
+    """Per-call env: only keys declared at create time may be set."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise bad_request("env", "env must map names to strings")
+    for key in raw:
+        if key not in sandbox.spec.envs:
+            raise bad_request("env", f"undeclared env key: {key}")
+    return dict(raw)
+
+
+def command_fields(body: dict[str, Any], *, default_cmd: str | None) -> tuple[str, list[str]]:
+    cmd = body.get("cmd", default_cmd)
+    if not isinstance(cmd, str) or not cmd:
+        raise bad_request("cmd", "cmd is required")
+    args = body.get("args", [])
+    if args is None:
+        args = []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise bad_request("args", "args must be a list of strings")
+    return cmd, args
 
 
 def validate_envs(raw: Any) -> dict[str, str]:

@@ -1,4 +1,9 @@
-"""Request dispatch: admin split, faults, rate limit, auth, routing, request log, request ids."""
+"""Request dispatch: admin split, faults, rate limit, auth, routing, request log, request ids.
+
+A handler answers by returning a response or raising :class:`~.jsend.ApiError`; a
+:class:`~.guest.GuestGone` (the sandbox's supervisor is gone) from any handler is answered here,
+once, as ``409 {"state": "sandbox is no longer running"}``.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from .core import EmulatorCore, Fault
 from .guest import GuestGone
 from .http_messages import Request, Response
 from .ids import request_id
-from .jsend import ApiError, default_for, error, fail, json_response, no_such_route
+from .jsend import ApiError, conflict, default_for, error, fail, json_response, no_such_route
 
 log = logging.getLogger("provider.emulator")
 
@@ -163,8 +168,8 @@ class Router:
             return await found.handler(ctx)
         except ApiError as exc:
             return exc.response()
-        except GuestGone:
-            return fail(409, {"state": "sandbox is no longer running"})
+        except GuestGone:  # the one translation: any handler's guest loss is a 409
+            return conflict("sandbox is no longer running").response()
 
 
 def _fault_status(fault: Fault) -> Response:

@@ -13,43 +13,13 @@ import anyio
 from .exec_stream import exit_code_of, ndjson_lines, stream_exec
 from .guest import ChildWatch, GuestGone, GuestOpError
 from .http_messages import FileBody, Response
-from .jsend import ApiError, bad_request, conflict, no_such_route, ok
+from .jsend import ApiError, bad_request, no_such_route, ok
 from .processes import run_exec
-from .route_inputs import json_body, require_running, sandbox_of
+from .route_inputs import HOME, call_env, command_fields, json_body, require_running, sandbox_of
 from .router import Ctx, Route, route
-from .sandboxes import Sandbox
 
 EXEC_OUTPUT_CAP = 64 << 20
 WRITE_BATCH = 4 << 20
-HOME = "/root"
-
-
-def call_env(sandbox: Sandbox, raw: Any) -> dict[str, str]:
-    """Per-call env: only keys declared at create time may be set."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-        raise bad_request("env", "env must map names to strings")
-    for key in raw:
-        if key not in sandbox.spec.envs:
-            raise bad_request("env", f"undeclared env key: {key}")
-    return dict(raw)
-
-
-def command_fields(body: dict[str, Any], *, default_cmd: str | None) -> tuple[str, list[str]]:
-    cmd = body.get("cmd", default_cmd)
-    if not isinstance(cmd, str) or not cmd:
-        raise bad_request("cmd", "cmd is required")
-    args = body.get("args", [])
-    if args is None:
-        args = []
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise bad_request("args", "args must be a list of strings")
-    return cmd, args
-
-
-def _guest_gone() -> ApiError:
-    return conflict("sandbox is no longer running")
 
 
 # -- exec ---------------------------------------------------------------------------------
@@ -78,8 +48,6 @@ async def exec_command(ctx: Ctx) -> Response:
             return ndjson_lines([{"error": exc.message}, {"exit_code": -1}])
         result = {"stdout": "", "stderr": "", "exit_code": -1, "error": exc.message}
         return ok({"result": result, "exec_ms": _ms(started)})
-    except GuestGone as exc:
-        raise _guest_gone() from exc
     entry = ctx.core.record_exec(sandbox, cmd, args, streamed=streaming)
     sandbox.start_soon(lambda: _note_exit(watch, entry))
     payload = (stdin or "").encode()
@@ -155,8 +123,6 @@ async def put_file(ctx: Ctx) -> Response:
         reply, fds = await sandbox.request("open_write", path=path)
     except GuestOpError as exc:
         raise _file_error(exc) from exc
-    except GuestGone as exc:
-        raise _guest_gone() from exc
     fd, tmp, target = fds[0], str(reply["tmp"]), str(reply["target"])
     committed = False
     size = 0
@@ -178,8 +144,6 @@ async def put_file(ctx: Ctx) -> Response:
             await sandbox.request("commit", tmp=tmp, target=target)
         except GuestOpError as exc:
             raise _file_error(exc) from exc
-        except GuestGone as exc:
-            raise _guest_gone() from exc
         committed = True
     finally:
         os.close(fd)
@@ -199,8 +163,6 @@ async def get_file(ctx: Ctx) -> Response:
         reply, fds = await sandbox.request("open_read", path=path)
     except GuestOpError as exc:
         raise _file_error(exc) from exc
-    except GuestGone as exc:
-        raise _guest_gone() from exc
     return Response(
         200, content_type="application/octet-stream", file=FileBody(fds[0], int(reply["size"]))
     )

@@ -14,9 +14,8 @@ from .http_messages import Response
 from .journal import follow
 from .jsend import ApiError, bad_request, conflict, fail, not_found, ok
 from .processes import MAX_INPUT, MAX_QUEUED_INPUT, SIGNALS, ManagedProcess
-from .route_inputs import json_body, require_running, sandbox_of
+from .route_inputs import HOME, call_env, command_fields, json_body, require_running, sandbox_of
 from .router import Ctx, Route, route
-from .routes_exec import HOME, call_env, command_fields
 from .sandboxes import Sandbox
 
 DEFAULT_CMD = "/bin/bash"
@@ -61,8 +60,6 @@ async def create_process(ctx: Ctx) -> Response:
     except GuestOpError as exc:
         field = "cwd" if exc.code == "cwd" else "cmd"
         raise bad_request(field, exc.message) from exc
-    except GuestGone as exc:
-        raise conflict("sandbox is no longer running") from exc
     ctx.core.register_process(sandbox, process)
     return ok(process.view())
 

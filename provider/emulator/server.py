@@ -27,7 +27,13 @@ from .router import Router, internal_error
 
 SUPERVISOR_SOURCE = Path(__file__).with_name("guest_supervisor.py")
 # The supervisor's helper modules, copied next to it under their own names.
-GUEST_HELPERS = ("guest_files.py", "guest_trees.py")
+GUEST_HELPERS = (
+    "guest_channel.py",
+    "guest_files.py",
+    "guest_members.py",
+    "guest_ops.py",
+    "guest_trees.py",
+)
 TEMP_PREFIX = "createos-emulator-"
 OWNER_FILE = "owner"
 

@@ -18,14 +18,15 @@ from typing import Any, Final
 
 from provider.verbs import ENVIRONMENT_VERBS, INTERACTIVE_VERBS
 
-# The order of ``supportedMethods`` (host-protocol.md 10.1, 10.4): see provider.verbs.
+# The order of ``supportedMethods`` (docs/protocol.md H10.1, H10.4): see provider.verbs.
 ENVIRONMENT_METHOD_ORDER: Final = ENVIRONMENT_VERBS
 INTERACTIVE_METHOD_ORDER: Final = INTERACTIVE_VERBS
 
 
 def supported_methods(names: Iterable[str]) -> tuple[str, ...]:
-    """The ``environment*`` names (canonical verbs first in spec order, others after), then the
-    served interactive verbs (login PTY, duplex channels) in spec order."""
+    """The ``environment*`` names (canonical verbs first in the order of docs/protocol.md
+    H6.2, others after), then the served interactive verbs (login PTY, duplex channels) in the
+    order of H10.1."""
     names = list(names)
     env = [name for name in names if name.startswith("environment")]
     ordered: list[str] = [name for name in ENVIRONMENT_METHOD_ORDER if name in env]

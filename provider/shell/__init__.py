@@ -1,6 +1,6 @@
 """``python3 -m provider shell``: attach the operator's terminal to a shell in a sandbox.
 
-The helper named by the ``createos_shell`` connection payload (provider-behavior.md 8.1): an
+The helper named by the ``createos_shell`` connection payload (docs/protocol.md 8.1): an
 operator runs ``python3 -m provider shell --api-url '<origin>' '<sandbox id>'`` in their own
 terminal to prepare a template sandbox. Modules:
 

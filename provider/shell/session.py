@@ -1,6 +1,6 @@
 """The attach relay: one PTY process ``/bin/bash -l`` in the sandbox, tied to the local terminal.
 
-:func:`run_shell` (provider-behavior.md 8.1, "Connection ``createos_shell``"):
+:func:`run_shell` (docs/protocol.md 8.1, "Connection ``createos_shell``"):
 
 1. ``POST .../processes {"cmd": "/bin/bash", "args": ["-l"], "cwd": "/paperclip-workspace",
    "pty": {"rows", "cols"}}`` sized like the local terminal. The call is shielded and bounded, so a

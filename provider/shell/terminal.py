@@ -16,7 +16,7 @@ from typing import Final
 DEFAULT_SIZE: Final = (24, 80)
 """(rows, cols) when neither stdin nor stdout is a terminal that knows its size."""
 MAX_SIDE: Final = 1000
-"""The largest PTY side the API accepts (createos-api.md 8.6); larger terminals are clamped."""
+"""The largest PTY side the API accepts (docs/protocol.md C8.6); larger terminals are clamped."""
 STATUS_PREFIX: Final = "provider shell: "
 
 

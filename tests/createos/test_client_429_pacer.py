@@ -1,4 +1,4 @@
-"""A 429 from the API reaches the origin's pacer (provider-behavior.md section 4)."""
+"""A 429 from the API reaches the origin's pacer (docs/protocol.md 4)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Response
 
 from provider.createos.client import CreateOSClient
+from provider.createos.core import retry_policy
 from provider.createos.errors import (
     APIConnectionError,
     APIProtocolError,
@@ -489,3 +490,21 @@ async def test_a_pending_cancellation_wins_over_a_retryable_error(delays: list[f
 
     assert scope.cancelled_caught
     assert delays == []
+
+
+@pytest.mark.parametrize(
+    ("method", "retry", "statuses", "transport"),
+    [
+        ("GET", True, {408, 429, 500, 502, 503, 504}, True),
+        ("DELETE", True, {408, 429, 500, 502, 503, 504}, True),
+        ("PUT", True, {408, 429, 500, 502, 503, 504}, True),
+        ("PATCH", True, {408, 429, 500, 502, 503, 504}, True),
+        ("GET", False, set(), False),  # a stream opened without retry_open
+        ("POST", True, {429, 503}, False),
+        ("POST", False, {429, 503}, False),  # a POST stream keeps its "not processed" retries
+    ],
+)
+def test_one_retry_table_for_calls_and_stream_opens(
+    method: str, retry: bool, statuses: set[int], transport: bool
+) -> None:
+    assert retry_policy(method, retry=retry) == (frozenset(statuses), transport)

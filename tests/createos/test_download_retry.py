@@ -1,4 +1,4 @@
-"""Opening a download is retried like any GET (createos-api.md 1.8); a cut body is not."""
+"""Opening a download is retried like any GET (docs/protocol.md C1.8); a cut body is not."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from devtools.call_params import call_config, common_params, lease_ref, with_lease
 from provider.config import EnvironmentConfig
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
@@ -67,36 +68,23 @@ class Harness:
     clock: FakeClock = field(default_factory=FakeClock)
 
     def config(self, **overrides: Any) -> dict[str, Any]:
-        config: dict[str, Any] = {
-            "apiUrl": self.emulator.base_url,
-            "apiKey": "test-key",
-            "shape": SHAPE,
-            "timeoutMs": 60_000,
-            "reuseLease": False,
-            # Pause at release, as before the warm window (2.10): tests of the warm path set
-            # a window themselves.
-            "autoPauseAfterSeconds": 0,
-        }
-        config.update(overrides)
-        return config
+        # Pause at release, as before the warm window (2.10): tests of the warm path set a
+        # window themselves.
+        config = {"shape": SHAPE, "autoPauseAfterSeconds": 0, **overrides}
+        return call_config(self.emulator.base_url, "test-key", timeout_ms=60_000, **config)
 
     def call(self, **config_overrides: Any) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": self.company_id,
-            "environmentId": self.environment_id,
-            "config": self.config(**config_overrides),
-        }
+        return common_params(
+            self.config(**config_overrides),
+            company_id=self.company_id,
+            environment_id=self.environment_id,
+        )
 
     def lease_ref(self, lease: dict[str, Any], **config_overrides: Any) -> dict[str, Any]:
-        return {
-            **self.call(**config_overrides),
-            "providerLeaseId": lease["providerLeaseId"],
-            "leaseMetadata": lease["metadata"],
-        }
+        return lease_ref(self.call(**config_overrides), lease)
 
     def with_lease(self, lease: dict[str, Any], **config_overrides: Any) -> dict[str, Any]:
-        return {**self.call(**config_overrides), "lease": {**lease, "expiresAt": None}}
+        return with_lease(self.call(**config_overrides), lease)
 
     def acquire_params(self, *, workspace: bool = True, **config_overrides: Any) -> dict[str, Any]:
         params = {**self.call(**config_overrides), "runId": "run-1"}

@@ -8,19 +8,13 @@ from typing import Any
 
 import anyio
 
+from devtools.call_params import route_params
 from provider.replies import AfterReply
 from tests.driver.conftest import Harness
 
 
 def open_params(h: Harness, lease: dict[str, Any], route: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "hostRouteId": route,
-        "driverKey": "createos",
-        "companyId": h.company_id,
-        "environmentId": h.environment_id,
-        "providerLeaseId": lease["providerLeaseId"],
-        **extra,
-    }
+    return route_params(h.call(), lease, route, **extra)
 
 
 async def answered(reply: Any) -> dict[str, Any]:

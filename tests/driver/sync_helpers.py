@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from devtools.call_params import bash
 from tests.driver.conftest import Harness
 
 WS = "/paperclip-workspace"
@@ -35,9 +36,7 @@ def mapping(
 
 
 async def sh(h: Harness, lease: dict[str, Any], script: str) -> dict[str, Any]:
-    result: dict[str, Any] = await h.methods.execute(
-        {**h.with_lease(lease), "command": "bash", "args": ["-c", script]}
-    )
+    result: dict[str, Any] = await h.methods.execute(bash(h.with_lease(lease), script))
     return result
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.call_params import call_config, common_params
+from devtools.emulator_process import EmulatorProcess
 from provider.driver.core.budget import HOST_GRACE
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.runtime import DriverRuntime
@@ -37,15 +38,10 @@ class Stalling:
     started: anyio.Event
 
     def call(self, timeout_ms: int) -> dict[str, Any]:
-        config = {
-            "apiUrl": self.emulator.base_url,
-            "apiKey": KEY,
-            "shape": SHAPE,
-            "timeoutMs": timeout_ms,
-            "reuseLease": False,
-            "autoPauseAfterSeconds": 0,
-        }
-        return {"driverKey": "createos", "companyId": "c1", "environmentId": "e1", "config": config}
+        config = call_config(
+            self.emulator.base_url, KEY, shape=SHAPE, timeout_ms=timeout_ms, autoPauseAfterSeconds=0
+        )
+        return common_params(config, company_id="c1", environment_id="e1")
 
     def stall(self) -> None:
         """CreateOS stops answering (connections are still accepted by the kernel)."""

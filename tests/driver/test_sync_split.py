@@ -24,13 +24,13 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from devtools.call_params import environment_call, lease_ref, with_lease
+from devtools.stdio_host import StdioHost
 from provider.createos.upload import UploadBody
-from provider.devtools.stdio_host import StdioHost, lease_ref, with_lease
 from provider.driver.transfer import sync
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
 from provider.errors import ProviderError
-from tests.call_params import environment_call
 from tests.driver.conftest import Harness
 from tests.driver.sync_helpers import (
     SCRATCH,

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from provider.devtools.e2e_server import descendants
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.procfs import cmdline, pid_alive
+from devtools.e2e_server import descendants
+from devtools.emulator_process import EmulatorProcess
+from devtools.procfs import cmdline, pid_alive
 
 
 def plugin_worker_pids(server_pid: int, entrypoint: Path) -> list[int]:

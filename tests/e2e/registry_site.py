@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from provider.devtools.e2e_server import REPO_ROOT
+from devtools.e2e_server import REPO_ROOT
 
 MAIN = "paperclip-plugin-createos"
 RUNTIME_PREFIX = "paperclip-createos-runtime-"

@@ -8,7 +8,7 @@ callback bridge, syncs the workspace back and releases the lease. Three heartbea
 sees the first one's file; the third runs with the instance's experimental duplex bridge on, so
 its API call travels over one of our duplex channels instead of the polled request folder.
 ``reuseLease`` is on, yet a plain heartbeat has no execution workspace, so its lease is not
-reusable and every sandbox is deleted (provider-behavior.md 2.10.1). Fails, never skips, when
+reusable and every sandbox is deleted (docs/protocol.md 2.10.1). Fails, never skips, when
 Node or the server cannot be installed.
 """
 
@@ -26,7 +26,7 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.agent_heartbeat import (
+from devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_FILE,
     STUB_IMAGE,
@@ -36,8 +36,8 @@ from provider.devtools.agent_heartbeat import (
     scratch_root,
     stage_stub_image,
 )
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
+from devtools.emulator_process import EmulatorProcess
 from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
@@ -76,7 +76,7 @@ def _process_sandboxes(requests: list[dict[str, Any]]) -> set[str]:
 
 
 def _polls_request_folder(process: dict[str, Any]) -> bool:
-    """A command of the host's file bridge listing its request folder (agent-run.md 3.5)."""
+    """A command of the host's file bridge listing its request folder (docs/protocol.md A3.5)."""
     text = " ".join(process.get("args") or [])
     return "for file in" in text and "requests" in text and "*.json" in text
 

@@ -1,4 +1,4 @@
-"""End to end through the REAL Paperclip server 2026.916.1 (host-protocol.md 9.2) and its CLI.
+"""End to end through the REAL Paperclip server 2026.916.1 (docs/protocol.md H9.2) and its CLI.
 
 Installs Node 24 + the server and CLI from npm into <repo>/.cache/paperclip/host on first use,
 starts a throwaway system PostgreSQL, the server and the CreateOS emulator, then installs this
@@ -22,15 +22,15 @@ import anyio
 import httpx
 import pytest
 
-from provider.config import validate_config
-from provider.devtools.e2e_server import (
+from devtools.e2e_server import (
     PAPERCLIP_VERSION,
     REPO_ROOT,
     PaperclipServer,
     ensure_host_installed,
 )
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.procfs import wait_until_gone
+from devtools.emulator_process import EmulatorProcess
+from devtools.procfs import wait_until_gone
+from provider.config import validate_config
 from tests.e2e.inspection import (
     assert_emulator_empty,
     cmdline_mentions,

@@ -3,7 +3,7 @@
 What an operator does after a release: ``paperclipai plugin install paperclip-plugin-createos``.
 The test builds this host's packages (``packaging/build.py --platforms host``), publishes them
 with ``make publish``'s script to a real npm registry (verdaccio from npm, on loopback, throwaway
-storage; registry_site.py and provider/devtools/verdaccio.py) and names that registry in
+storage; registry_site.py and devtools/verdaccio.py) and names that registry in
 ``<plugins dir>/.npmrc``. The server runs ``npm install <name> --prefix <plugins dir> --save
 --ignore-scripts``; npm asks for every optional runtime package and skips the other platforms'
 (404 there). The server's ``python3`` is the SYSTEM CPython 3.11.0-3.11.3 (Debian 12's 3.11.2,
@@ -32,12 +32,12 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools import agent_heartbeat as agents
-from provider.devtools.agent_heartbeat import AgentSite
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
-from provider.devtools.emulator_process import EmulatorProcess
-from provider.devtools.procfs import cmdline, wait_until_gone
-from provider.devtools.verdaccio import Verdaccio, ensure_verdaccio_installed, running_verdaccio
+from devtools import agent_heartbeat as agents
+from devtools.agent_heartbeat import AgentSite
+from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
+from devtools.emulator_process import EmulatorProcess
+from devtools.procfs import cmdline, wait_until_gone
+from devtools.verdaccio import Verdaccio, ensure_verdaccio_installed, running_verdaccio
 from tests.e2e import registry_site as site_
 from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions, plugin_worker_pids
 

@@ -1,5 +1,5 @@
-"""Custom images end to end through the REAL Paperclip server 2026.916.1 (host-protocol.md 10.4,
-provider-behavior.md 8): the operator's whole loop, through the server's own HTTP API.
+"""Custom images end to end through the REAL Paperclip server 2026.916.1 (docs/protocol.md H10.4,
+8): the operator's whole loop, through the server's own HTTP API.
 
 With our plugin installed from this checkout and a createos environment on the emulator, a setup
 session is started (``POST /api/environments/:id/custom-image-setup-sessions``), its connection
@@ -30,9 +30,9 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.agent_heartbeat import AgentSite, scratch_root
-from provider.devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.agent_heartbeat import AgentSite, scratch_root
+from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
+from devtools.emulator_process import EmulatorProcess
 from provider.driver.setup.templates import endpoint_digest
 from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
 from tests.shell.local_pty import helper_env, local_terminal

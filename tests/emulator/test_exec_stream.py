@@ -1,4 +1,4 @@
-"""The streamed exec (``/exec?stream=true``, createos-api.md 5): frames leave as the output is
+"""The streamed exec (``/exec?stream=true``, docs/protocol.md C5): frames leave as the output is
 produced, heartbeats fill silences, the stream ends at stdio EOF (not at the leader's exit), and a
 client that hangs up does not kill the command.
 

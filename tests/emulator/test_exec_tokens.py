@@ -1,4 +1,4 @@
-"""Commands named by a token, as the worker's streamed-exec path names them (provider-behavior.md
+"""Commands named by a token, as the worker's streamed-exec path names them (docs/protocol.md
 3.9): a token in a process's environment is visible in ``/proc/<pid>/environ`` to every other
 exec of the sandbox, as on a real VM, whatever the process did (``setsid``, a double fork), and
 such processes can be killed from there; ``/proc/<pid>/stat`` field 52 gives a zombie child's

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.emulator_process import EmulatorProcess
 from provider.emulator import BwrapUnavailable
 from provider.emulator.bwrap import probe_runtime
 

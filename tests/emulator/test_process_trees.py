@@ -1,6 +1,6 @@
 """Process trees: every descendant of a managed process, whatever its session or group.
 
-Checklist 86 (provider-behavior.md §9) and createos-api.md §8.6: ``tree_exited`` stays false
+Checklist 86 (docs/protocol.md 9) and docs/protocol.md C8.6: ``tree_exited`` stays false
 while a ``setsid`` or double-forked descendant lives, DELETE kills them all and answers
 ``tree_exited: true`` only once none is left, and never touches another process's tree.
 """

@@ -1,4 +1,4 @@
-"""PTY processes (createos-api.md 8.6, checklist 90) and the login PATH's writable
+"""PTY processes (docs/protocol.md C8.6, checklist 90) and the login PATH's writable
 ``$HOME/.local/bin`` where tests install fake agent CLIs."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provider.emulator.guest_supervisor import SIGNAL_NAMES, SIGNAL_NUMBERS, to_json
+from provider.emulator.guest_channel import SIGNAL_NAMES, SIGNAL_NUMBERS, to_json
 
 # Lone high surrogates are excluded: two of them in a row would read back as one pair. Paths
 # decoded with surrogateescape only ever contain low surrogates (U+DC80..U+DCFF).

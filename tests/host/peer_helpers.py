@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provider.devtools.host_peer import REPO_ROOT
+from devtools.host_peer import REPO_ROOT
 
 CALL_TIMEOUT_MS = 120_000  # generous: every worker request waits its 300 ms turn
 DROPPED_LOG = "dropping execute.log notification"

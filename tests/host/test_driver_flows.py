@@ -16,10 +16,10 @@ import anyio
 import httpx
 import pytest
 
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError
+from devtools.call_params import environment_call, lease_ref, with_lease
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 from tests.driver.stream_helpers import carriers_at
 from tests.host.peer_helpers import CALL_TIMEOUT_MS, DROPPED_LOG, LogSink
 
@@ -59,14 +59,10 @@ class Flow:
         return lease
 
     def lease_ref(self, lease: dict[str, Any], *, reuse: bool) -> dict[str, Any]:
-        return {
-            **self.common(reuse=reuse),
-            "providerLeaseId": lease["providerLeaseId"],
-            "leaseMetadata": lease["metadata"],
-        }
+        return lease_ref(self.common(reuse=reuse), lease)
 
     def with_lease(self, lease: dict[str, Any], *, reuse: bool) -> dict[str, Any]:
-        return {**self.common(reuse=reuse), "lease": {**lease, "expiresAt": None}}
+        return with_lease(self.common(reuse=reuse), lease)
 
     async def sandbox_status(self, sandbox_id: str) -> str | None:
         for sandbox in (await self.emulator.admin.state())["sandboxes"]:

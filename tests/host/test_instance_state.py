@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from devtools.call_params import environment_call
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError
 from provider.createos.client import CreateOSClient
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError
 from provider.driver.core.journal import LeaseJournal
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

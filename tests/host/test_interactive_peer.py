@@ -1,7 +1,7 @@
 """Login terminals and duplex channels through the REAL Paperclip worker manager (checklist 80).
 
 The manager's own routes drive the worker (``openLoginPtySession``, ``openDuplexChannel``), so
-its binding, pair routing and close-acknowledgement checks (host-protocol.md 10.2-10.3) judge
+its binding, pair routing and close-acknowledgement checks (docs/protocol.md H10.2-H10.3) judge
 every frame: a frame for a pair it never bound or a close answer it does not accept makes it
 kill the worker. Each test therefore ends by proving the worker was not retired: the same shim
 and Python processes, no exit or crash event, no "retiring worker" log line, and a call that
@@ -24,12 +24,12 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError, SessionExit, SessionTarget
-from provider.devtools.procfs import pid_alive
+from devtools.call_params import environment_call
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError, SessionExit, SessionTarget
+from devtools.procfs import pid_alive
 from provider.emulator import Emulator
 from provider.rpc import wire
-from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

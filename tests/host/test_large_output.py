@@ -1,8 +1,8 @@
 """Large and non-ASCII execute output through the REAL Paperclip worker manager.
 
-The result of an execute keeps the last 4 Mi characters of each stream (spec 3.7), so the biggest
-answer the worker ever writes is 2 x 4 Mi characters of 4-byte UTF-8. It must reach the host
-whole and exact, and the live chunks before it too: every ``execute.log`` the manager accepted,
+The result of an execute keeps the last 4 Mi characters of each stream (docs/protocol.md 3.7), so
+the biggest answer the worker ever writes is 2 x 4 Mi characters of 4-byte UTF-8. It must reach the
+host whole and exact, and the live chunks before it too: every ``execute.log`` the manager accepted,
 concatenated per stream, is the output, and no chunk is over the host's 1,000,000 UTF-16 units.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from provider.devtools.host_peer import HostPeer
+from devtools.call_params import environment_call
+from devtools.host_peer import HostPeer
 from provider.driver.commands.output import DEFAULT_TAIL_LIMIT, LIVE_CHUNK_MAX, utf16_len
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 from tests.host.peer_helpers import CALL_TIMEOUT_MS, DROPPED_LOG, LogSink
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]

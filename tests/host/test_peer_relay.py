@@ -14,7 +14,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from provider.devtools.host_peer import DRIVER_SCRIPT, HostPeer, ensure_peer_installed
+from devtools.call_params import common_params
+from devtools.host_peer import DRIVER_SCRIPT, HostPeer, ensure_peer_installed
 from tests.host.peer_helpers import streaming_package
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
@@ -32,10 +33,7 @@ async def test_a_slow_log_sink_still_gets_every_chunk_whole_and_in_order(tmp_pat
     async with HostPeer(log_file=tmp_path / "peer.log", cwd=tmp_path) as peer:
         await peer.start_worker(package_root=streaming_package(tmp_path))
         params = {
-            "driverKey": "createos",
-            "companyId": "company-1",
-            "environmentId": "env-1",
-            "config": {},
+            **common_params({}, company_id="company-1", environment_id="env-1"),
             "lease": {"providerLeaseId": "sb_1", "metadata": {}},
             "command": "echo",
             "chunks": chunks,

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.call_params import common_params, validate_params
+from devtools.host_peer import REPO_ROOT, HostPeer
+from devtools.peer_sessions import PeerCallError
+from devtools.procfs import pid_alive, wait_until_gone
 from provider.app import build_dispatcher
-from provider.devtools.host_peer import REPO_ROOT, HostPeer
-from provider.devtools.peer_sessions import PeerCallError
-from provider.devtools.procfs import pid_alive, wait_until_gone
 from provider.rpc import wire
 from tests.host.peer_helpers import package_copy, streaming_package
 
@@ -93,23 +94,20 @@ async def test_the_host_loads_our_package_starts_serves_and_stops_the_worker(
     assert await peer.call("health", {}) == {"status": "ok"}
     valid = await peer.call(
         "environmentValidateConfig",
-        {
-            "driverKey": "createos",
-            "config": {
+        validate_params(
+            {
                 "apiUrl": "http://127.0.0.1:8790/v1",
                 "apiKey": "emu-key",
                 "shape": "s-1vcpu-1gb",
                 "reuseLease": False,
-            },
-        },
+            }
+        ),
     )
     assert valid["ok"] is True
     assert valid["normalizedConfig"]["apiUrl"] == "http://127.0.0.1:8790"
     assert valid["normalizedConfig"]["timeoutMs"] == 300_000
     bad_timeout = {"shape": "s-1vcpu-1gb", "timeoutMs": "500"}
-    invalid = await peer.call(
-        "environmentValidateConfig", {"driverKey": "createos", "config": bad_timeout}
-    )
+    invalid = await peer.call("environmentValidateConfig", validate_params(bad_timeout))
     assert invalid["ok"] is False
     assert invalid["errors"][0].startswith("timeoutMs")
     assert await peer.call("configChanged", {"config": {}, "companyId": None}) is None
@@ -168,9 +166,7 @@ async def test_a_crashed_worker_is_restarted_and_initialized_again(peer: HostPee
 async def test_requests_far_above_64_kib_cross_the_real_host(peer: HostPeer) -> None:
     await peer.start_worker()
     config = {"shape": "s-1vcpu-1gb", "archiveOnRelease": "x" * (2 * 1024 * 1024)}
-    result = await peer.call(
-        "environmentValidateConfig", {"driverKey": "createos", "config": config}
-    )
+    result = await peer.call("environmentValidateConfig", validate_params(config))
     assert result["ok"] is True
     await peer.stop_worker()
 
@@ -199,7 +195,7 @@ async def test_an_unknown_driver_key_fails_the_hosts_manifest_validation(
 async def test_the_template_flags_to_declare_pass_the_hosts_manifest_validation(
     peer: HostPeer, tmp_path: Path
 ) -> None:
-    """The interactive-setup and template declarations (host-protocol.md 10.1): the real host
+    """The interactive-setup and template declarations (docs/protocol.md H10.1): the real host
     accepts them, and the worker serves their verbs."""
     root = package_copy(tmp_path)
     manifest = json.loads((root / "manifest.json").read_text())
@@ -244,10 +240,7 @@ async def test_live_output_reaches_the_host_tagged_with_the_invocation_id(
     await peer.start_worker(package_root=root)
     live: list[tuple[str, str]] = []
     params = {
-        "driverKey": "createos",
-        "companyId": "company-1",
-        "environmentId": "env-1",
-        "config": {},
+        **common_params({}, company_id="company-1", environment_id="env-1"),
         "lease": {"providerLeaseId": "sb_1", "metadata": {}},
         "command": "echo",
         "chunks": ["one\n", "two ✓\n"],
@@ -272,7 +265,7 @@ async def test_a_lone_surrogate_from_the_host_is_answered_at_once_under_its_call
     with pytest.raises(PeerCallError) as refused:
         await peer.call(
             "environmentValidateConfig",
-            {"driverKey": "createos", "config": config},
+            validate_params(config),
             timeout_ms=15_000,
         )
     assert refused.value.code == wire.INVALID_PARAMS, refused.value

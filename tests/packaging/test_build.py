@@ -264,6 +264,53 @@ def test_main_package_layout(main_tgz: tarfile.TarFile) -> None:
         assert f"{project.replace('-', '_')}-{version}.dist-info" in tops, project
 
 
+#: What the main package holds at its top, and the Python packages of provider/ in it: the
+#: worker, the emulator and the operator commands, nothing the repo keeps for itself (devtools/,
+#: tests/, bench/, live_tests/ stay in the checkout). A new package of provider/ is added here.
+MAIN_TOP = {"manifest.js", "manifest.json", "package.json", "provider", "python", "shim.mjs"}
+SHIPPED_PACKAGES = {
+    "provider",
+    "provider.createos",
+    "provider.doctor",
+    "provider.driver",
+    "provider.driver.commands",
+    "provider.driver.core",
+    "provider.driver.interactive",
+    "provider.driver.leases",
+    "provider.driver.setup",
+    "provider.driver.transfer",
+    "provider.emulator",
+    "provider.rpc",
+    "provider.shell",
+}
+REPO_ONLY = {"devtools", "tests", "bench", "live_tests", "packaging", "host", "__pycache__"}
+
+
+def test_main_package_carries_the_worker_and_nothing_the_repo_keeps(
+    main_tgz: tarfile.TarFile,
+) -> None:
+    files = names(main_tgz)
+    assert {f.split("/")[0] for f in files} == MAIN_TOP
+    packages = {
+        f.removesuffix("/__init__.py").replace("/", ".")
+        for f in files
+        if f.startswith("provider/") and f.endswith("/__init__.py")
+    }
+    assert packages == SHIPPED_PACKAGES
+    ours = [f for f in files if not f.startswith("python/")]
+    assert [f for f in ours if REPO_ONLY & set(f.split("/"))] == []
+    # python/ holds the bootstrap and the unpacked dependencies: every other top-level name
+    # there is one a shipped wheel's RECORD lists.
+    recorded = {
+        line.split(",", 1)[0].split("/", 1)[0]
+        for f in files
+        if re.fullmatch(r"python/[^/]+\.dist-info/RECORD", f)
+        for line in read(main_tgz, f).splitlines()
+    }
+    tops = {f.split("/")[1] for f in files if f.startswith("python/")}
+    assert tops - recorded == {"bootstrap.py"}
+
+
 def test_main_package_json(main_tgz: tarfile.TarFile) -> None:
     data = json.loads(read(main_tgz, "package.json"))
     repo = json.loads((REPO_ROOT / "package.json").read_text())

@@ -46,12 +46,12 @@ from typing import Any
 
 import pytest
 
-from provider.devtools import host_peer
-from provider.devtools.host_peer import HostPeer, ensure_peer_installed
-from provider.devtools.peer_sessions import PeerCallError
-from provider.devtools.procfs import child_pids, cmdline, wait_until_gone
+from devtools import host_peer
+from devtools.call_params import environment_call, validate_params
+from devtools.host_peer import HostPeer, ensure_peer_installed
+from devtools.peer_sessions import PeerCallError
+from devtools.procfs import child_pids, cmdline, wait_until_gone
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 from tests.packaging.conftest import INSTALL_BUDGET_S, REPO_ROOT, host_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
@@ -447,7 +447,7 @@ async def test_another_shipped_cpython_answers_initialize(
         assert_runs_the_bootstrap(the_worker(server.peer), installed, bin_dir / "python3", cp)
         assert await server.peer.call("health", {}) == {"status": "ok"}
         valid = await server.peer.call(
-            "environmentValidateConfig", {"driverKey": "createos", "config": {"shape": SHAPE}}
+            "environmentValidateConfig", validate_params({"shape": SHAPE})
         )
         assert valid["ok"] is True
         await server.peer.stop_worker()

@@ -3,12 +3,12 @@
 A *site* is one endpoint reached through one host call (the sandbox ``DELETE`` through
 ``environmentDestroyLease``, the command's exec stream through ``environmentExecute``...). A *cell*
 is a site with one fault injected on the first matching request. :func:`expected` derives the
-outcome from the specs, never from the code:
+outcome from docs/protocol.md, never from the code:
 
-- createos-api.md 1.8: ``GET``, ``DELETE`` and replayable ``PUT`` are retried on transport errors,
+- docs/protocol.md C1.8: ``GET``, ``DELETE`` and replayable ``PUT`` are retried on transport errors,
   408 and 5xx (at most twice); ``POST`` on 429 and 503 (the server did not process it, as both
   official SDKs read them), honouring ``Retry-After``.
-- provider-behavior.md 2.3: an unknown sandbox-create outcome is cleaned up by its name token and
+- docs/protocol.md 2.3: an unknown sandbox-create outcome is cleaned up by its name token and
   surfaced; 2.4.6: resume re-raises transient failures and answers "gone" only on 404.
 - 3.9: a command is one ``POST /exec?stream=true``. Refused (a status below 500, or 429/503 after
   retries): nothing ran. Anything else that leaves it unfinished (a 502, a transport error, a read
@@ -165,7 +165,7 @@ def expected(site: Site, fault: FaultSpec) -> Outcome:
     if fault.name == "404":
         return "expired"  # 2.4.6: a 404 at any step of resume means gone
     if fault.name in ("429", "503"):
-        return "retried"  # 1.8: every request, POST included, is retried on 429 and 503
+        return "retried"  # C1.8: every request, POST included, is retried on 429 and 503
     if fault.name == "503x4":
         return "surfaced"  # refused for good: a POST ran nothing
     if site.kind == "idempotent":

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from devtools.call_params import bash
 from provider.createos.errors import APIConnectionError
 from provider.driver.transfer.sync_inline import INLINE_IN_CHARS, INLINE_OUT_BYTES
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
@@ -97,9 +98,7 @@ class Scenario:
         self.lease = await self.h.acquire(reuseLease=self.reuse)
 
     async def sh(self, script: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.h.methods.execute(
-            {**self.with_lease(), "command": "bash", "args": ["-c", script]}
-        )
+        result: dict[str, Any] = await self.h.methods.execute(bash(self.with_lease(), script))
         return result
 
 

@@ -28,10 +28,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from devtools.call_params import environment_call, lease_ref, with_lease
+from devtools.stdio_host import StdioHost, WorkerCallError
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL
-from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
 from provider.emulator import Emulator
-from tests.call_params import environment_call
 
 API_KEY = "load-key"
 REFILL_S = DEFAULT_INTERVAL  # the pacer's default refill interval

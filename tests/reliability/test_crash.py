@@ -33,15 +33,15 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from devtools.call_params import bash, environment_call, with_lease
+from devtools.host_peer import HostPeer
+from devtools.peer_sessions import PeerCallError
+from devtools.procfs import wait_until_gone
 from provider.createos.client import CreateOSClient
 from provider.createos.pacer import RequestPacer
-from provider.devtools.host_peer import HostPeer
-from provider.devtools.peer_sessions import PeerCallError
-from provider.devtools.procfs import wait_until_gone
 from provider.driver.core.state_folder import ENV_PLUGIN_ID, JOURNAL_NAME, instance_dir, state_roots
 from provider.emulator import Emulator
 from provider.rpc.wire import WORKER_UNAVAILABLE
-from tests.call_params import environment_call
 from tests.driver.stream_helpers import TREE_SCAN
 
 pytestmark = [pytest.mark.anyio, pytest.mark.host]
@@ -102,10 +102,10 @@ class Rig:
         return lease
 
     def with_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
-        return {**self.common(), "lease": {**lease, "expiresAt": None}}
+        return with_lease(self.common(), lease)
 
     async def execute(self, lease: dict[str, Any], script: str, **extra: Any) -> dict[str, Any]:
-        params = {**self.with_lease(lease), "command": "bash", "args": ["-c", script]}
+        params = bash(self.with_lease(lease), script)
         result: dict[str, Any] = await self.call("environmentExecute", params, **extra)
         return result
 

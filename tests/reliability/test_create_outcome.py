@@ -1,6 +1,6 @@
 """A sandbox create whose answer never arrives may land after its name lookup found nothing.
 
-provider-behavior.md 2.3 looks the sandbox up by its name token once; a create that timed out on
+docs/protocol.md 2.3 looks the sandbox up by its name token once; a create that timed out on
 our side can still be served afterwards. The worker hands such a token to recovery (journal
 ``abandon_create``), and the next call with the same origin and key deletes the late sandbox.
 """

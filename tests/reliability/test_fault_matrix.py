@@ -1,9 +1,9 @@
 """The fault matrix (issue 8, item 2): every CreateOS endpoint the worker uses x every fault.
 
-Each cell injects one fault through the emulator's admin API into the first matching request of
-one host call and checks the outcome the specs prescribe (see ``fault_cells.expected``) and that
-no sandbox, process tree or host pid is left behind. ``bench/fault_matrix.py`` runs the same
-cells and prints the table.
+Each cell injects one fault through the emulator's admin API into the first matching request of one
+host call and checks the outcome docs/protocol.md prescribes (see ``fault_cells.expected``) and that
+no sandbox, process tree or host pid is left behind. ``bench/fault_matrix.py`` runs the same cells
+and prints the table.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Command values and env that a shell would misread, NUL bytes, wrong param types for every verb,
 oversized command lines, and host paths with ``..`` and symlinked parents in sync.
 
-Host-path rules (provider-behavior.md 5.2/5.6): host paths must be absolute and are otherwise
+Host-path rules (docs/protocol.md 5.2/5.6): host paths must be absolute and are otherwise
 trusted, so ``..`` and symlinks in them resolve the way the OS resolves them; we never rewrite a
 path lexically. What must hold whatever the path: only a complete download is renamed onto a file
 target, the temp folder lives in the target's (resolved) parent and is gone afterwards, a final
@@ -28,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.call_params import environment_call
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.runtime import DriverRuntime
 from provider.driver.core.text_params import lone_surrogate_policy
@@ -35,7 +36,6 @@ from provider.driver.service import DriverService
 from provider.emulator import Emulator
 from provider.rpc.dispatcher import Dispatcher
 from provider.rpc.wire import INVALID_PARAMS, WORKER_ERROR
-from tests.call_params import environment_call
 from tests.driver.conftest import unpaced_client
 from tests.rpc.harness import FakeHost, serving
 
@@ -464,7 +464,7 @@ async def test_sync_out_replaces_a_final_symlink_instead_of_writing_through_it(
     assert not (dest / "out.txt").is_symlink()  # the link was replaced by the download
     assert (dest / "out.txt").read_bytes() == b"remote\n"
     assert victim.read_text() == "do not touch\n"
-    # A directory target that is a link is refused outright (spec 5.6), target untouched.
+    # A directory target that is a link is refused (docs/protocol.md 5.6), target untouched.
     (dest / "tree").symlink_to(tmp_path)
     refused = await rig.sync("Out", dir_mapping(f"{WS}/tree", dest / "tree"))
     assert refused["error"]["code"] == WORKER_ERROR

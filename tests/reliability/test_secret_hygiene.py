@@ -6,8 +6,8 @@ destroy, plus failing calls (a 401 whose body echoes the key, 503s that fail cal
 lease, bad configs, a URL carrying the key). Every byte the worker wrote to stdout and stderr and
 every file of its state folder is then scanned for the key, raw and encoded: zero hits.
 
-One exception is the spec's, not a leak: ``environmentValidateConfig`` echoes ``apiKey`` exactly as
-received (provider-behavior.md 1.2; the host validates with the stored secret reference). The
+One exception is the host's, not a leak: ``environmentValidateConfig`` echoes ``apiKey`` exactly as
+received (docs/protocol.md 1.2; the host validates with the stored secret reference). The
 test validates with a reference, and separately with the raw key, whose answer is checked to hold
 it only at ``normalizedConfig.apiKey`` and is left out of the scan.
 """
@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from provider.devtools.stdio_host import StdioHost, WorkerCallError, lease_ref, with_lease
+from devtools.call_params import environment_call, lease_ref, state_files, with_lease
+from devtools.stdio_host import StdioHost, WorkerCallError
 from provider.emulator import BwrapUnavailable, Emulator
 from provider.emulator.bwrap import probe_runtime
-from tests.call_params import environment_call, state_files
 from tests.reliability.secret_scan import encoded_forms, find_secret
 
 pytestmark = pytest.mark.anyio

@@ -1,5 +1,5 @@
 """RequestPacer's bucket: the full burst, FIFO order, cancellation while queued or sleeping,
-refill, and the 429 hold (provider-behavior.md section 4, checklist 44-45); virtual time."""
+refill, and the 429 hold (docs/protocol.md 4, checklist 44-45); virtual time."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from devtools.windows import max_in_window
 from provider.createos.pacer import CAPACITY, DEFAULT_INTERVAL, RequestPacer
-from provider.devtools.windows import max_in_window
 from tests.createos.pacer.virtual_time import (
     EPS,
     MINUTE_BUDGET,

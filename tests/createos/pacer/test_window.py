@@ -1,6 +1,6 @@
 """RequestPacer: no window of T seconds holds more than 40 + 4·T starts (at most 280 in a minute,
 20 of CreateOS's 300 left to other clients), however the bursts of several workers, their
-restarts and 429s fall (provider-behavior.md section 4, checklist 43)."""
+restarts and 429s fall (docs/protocol.md 4, checklist 43)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devtools.windows import max_in_window
 from provider.createos.pacer import (
     RequestPacer,
 )
-from provider.devtools.windows import max_in_window
 from tests.createos.pacer.virtual_time import (
     assert_window_bound,
     run_virtual,

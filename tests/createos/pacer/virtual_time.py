@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 import anyio
 
+from devtools.windows import max_in_window
 from provider.createos.pacer import (
     CAPACITY,
     DEFAULT_INTERVAL,
     RequestPacer,
 )
-from provider.devtools.windows import max_in_window
 
 ORIGIN = "http://127.0.0.1:8790"
 TAU = DEFAULT_INTERVAL

@@ -1,4 +1,4 @@
-"""``python -m provider.devtools.demo_agent``: one real agent heartbeat in a sandbox, live.
+"""``python -m devtools.demo_agent``: one real agent heartbeat in a sandbox, live.
 
 Starts the bundled CreateOS emulator (serving the stub agent image), the full Paperclip server
 (2026.916.1, installed from npm into ``.cache/paperclip/host`` on first use, about 2 minutes)
@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import httpx
 
-from provider.devtools.agent_heartbeat import (
+from devtools.agent_heartbeat import (
     STUB_COMMAND,
     STUB_FILE,
     STUB_IMAGE,
@@ -33,8 +33,8 @@ from provider.devtools.agent_heartbeat import (
     scratch_root,
     stage_stub_image,
 )
-from provider.devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
-from provider.devtools.emulator_process import EmulatorProcess
+from devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
+from devtools.emulator_process import EmulatorProcess
 
 
 def say(text: str) -> None:
@@ -117,7 +117,7 @@ async def _heartbeat(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m provider.devtools.demo_agent")
+    parser = argparse.ArgumentParser(prog="python -m devtools.demo_agent")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder")
     args = parser.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""The login-terminal and duplex-channel half of :class:`~provider.devtools.host_peer.HostPeer`.
+"""The login-terminal and duplex-channel half of :class:`~devtools.host_peer.HostPeer`.
 
 Each session goes through the real manager's own routes (the ones the host's login flow and
 gateway use) and is a handle id the Node driver keeps; these methods are the driver commands

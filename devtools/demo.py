@@ -1,4 +1,4 @@
-"""``python -m provider.devtools.demo``: the whole mission, the way an operator meets it.
+"""``python -m devtools.demo``: the whole mission, the way an operator meets it.
 
 Starts the embedded CreateOS emulator (or uses ``--api-url`` with a real key), starts our worker
 under the real Paperclip worker manager (the Python stdio host when Node is missing), then walks
@@ -20,38 +20,27 @@ import shutil
 import sys
 import tempfile
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
 import anyio
 
-from provider.config import is_key_text
-from provider.devtools.demo_hosts import (
+from devtools.demo_hosts import (
     HOST_CHOICES,
-    HostChoice,
     HostReport,
     WorkerHost,
     open_worker_host,
 )
-from provider.devtools.demo_transcript import Transcript
-from provider.devtools.demo_walkthrough import DemoFailure, Walkthrough
+from devtools.demo_options import DemoOptions
+from devtools.demo_transcript import Transcript
+from devtools.demo_walkthrough import DemoFailure, Walkthrough
+from provider.config import is_key_text
 from provider.emulator import BwrapUnavailable, Emulator
 
 DEFAULT_SHAPE: Final = "s-1vcpu-1gb"
 KEY_VARIABLE: Final = "CREATEOS_API_KEY"
 CLEANUP_BUDGET_S: Final = 120.0
-
-
-@dataclass(frozen=True)
-class DemoOptions:
-    api_url: str | None  # None: the embedded emulator
-    api_key: str
-    shape: str
-    rootfs: str | None
-    host: HostChoice
-    keep: bool
 
 
 class UsageError(Exception):
@@ -60,7 +49,7 @@ class UsageError(Exception):
 
 def parse_args(argv: list[str] | None = None) -> DemoOptions:
     parser = argparse.ArgumentParser(
-        prog="python -m provider.devtools.demo",
+        prog="python -m devtools.demo",
         description="Walk a CreateOS sandbox through the Paperclip environment verbs.",
     )
     parser.add_argument("--api-url", help="a real CreateOS endpoint (default: embedded emulator)")

@@ -1,4 +1,4 @@
-"""Real agent heartbeats on the full Paperclip server (agent-run.md): set-up, invoke, poll, log.
+"""Real agent heartbeats on the full Paperclip server (docs/protocol.md): set-up, invoke, poll, log.
 
 Shared by the heartbeat e2e test, ``bench/heartbeat.py`` and ``make demo-agent``. The agent is a
 ``claude_local`` agent on the CLI engine whose command is a few lines of shell
@@ -31,7 +31,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
-from provider.devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
+from devtools.e2e_server import REPO_ROOT, E2EError, PaperclipServer
 
 STUB_IMAGE_DIR: Final = REPO_ROOT / "tests" / "e2e" / "agent-image"
 STUB_IMAGE: Final = "paperclip-agent-stub:1"
@@ -62,7 +62,7 @@ def stage_stub_image(root: Path) -> Path:
 
 
 def agent_server_env(root: Path) -> dict[str, str]:
-    """What the server needs to run agents in sandboxes (agent-run.md 2): a JWT secret for the
+    """What the server needs to run agents in sandboxes (docs/protocol.md A2): a JWT secret for the
     bridge's agent tokens and an empty Claude config folder (no real credentials are seeded)."""
     config_dir = root / "claude-config"
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ class AgentSite:
     async def set_duplex_bridge(self, enabled: bool) -> None:
         """The instance's experimental ``enableSandboxDuplexBridge``: with it, and a provider
         that declares ``duplexCommandStream``, the agent's API calls travel over one duplex
-        channel instead of a request folder polled through commands (agent-run.md 3.5)."""
+        channel instead of a request folder polled through commands (docs/protocol.md A3.5)."""
         answer = await self.client.patch(
             "/api/instance/settings/experimental", json={"enableSandboxDuplexBridge": enabled}
         )

@@ -1,8 +1,8 @@
 """One way to talk to a running worker, whichever host runs it.
 
 ``open_worker_host`` starts our worker under the real Paperclip worker manager (Node, via
-:class:`~provider.devtools.host_peer.HostPeer`) or, when Node/npm are missing or asked for,
-under the small Python host of :mod:`provider.devtools.stdio_host`. Both give a
+:class:`~devtools.host_peer.HostPeer`) or, when Node/npm are missing or asked for,
+under the small Python host of :mod:`devtools.stdio_host`. Both give a
 :class:`WorkerHost`: ``call(method, params, timeout_ms=..., on_log=...)`` plus what the start-up
 reported. Used by the demo and the live smoke tests.
 """
@@ -18,9 +18,9 @@ from typing import Any, Final, Literal, Protocol
 
 import anyio
 
-from provider.devtools.host_peer import HostPeer, PeerUnavailable
-from provider.devtools.procfs import pid_alive, wait_until_gone
-from provider.devtools.stdio_host import LogCallback, NotificationCallback, StdioHost
+from devtools.host_peer import HostPeer, PeerUnavailable
+from devtools.procfs import pid_alive, wait_until_gone
+from devtools.stdio_host import LogCallback, NotificationCallback, StdioHost
 
 HostChoice = Literal["auto", "node", "python"]
 HOST_CHOICES: tuple[HostChoice, ...] = ("auto", "node", "python")
@@ -81,7 +81,7 @@ class _ManagerHost:
 @dataclass
 class _PythonHost:
     host: StdioHost
-    name: str = "the Python stdio host (provider/devtools/stdio_host.py; Node not used)"
+    name: str = "the Python stdio host (devtools/stdio_host.py; Node not used)"
 
     @property
     def supported_methods(self) -> list[str]:

@@ -41,13 +41,13 @@ import anyio.abc
 import anyio.lowlevel
 import msgspec
 
-from provider.devtools.peer_sessions import (
+from devtools.peer_sessions import (
     PeerCallError,
     PeerSessions,
 )
-from provider.devtools.procfs import child_pids, cmdline
+from devtools.procfs import child_pids, cmdline
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT: Final = REPO_ROOT / "host" / "install-peer.sh"
 DRIVER_SCRIPT: Final = REPO_ROOT / "host" / "peer-driver.mjs"
 DEFAULT_PLUGIN_ID: Final = "createos-under-test"

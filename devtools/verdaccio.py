@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from provider.devtools.e2e_server import E2E_DIR, E2EError, free_port
+from devtools.e2e_server import E2E_DIR, E2EError, free_port
 
 STOP_S: Final = 10.0
 READY_S: Final = 60.0

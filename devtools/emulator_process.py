@@ -20,8 +20,8 @@ from typing import IO, Self
 import anyio
 import anyio.abc
 
-from provider.devtools.e2e_server import REPO_ROOT, descendants
-from provider.devtools.procfs import wait_until_gone
+from devtools.e2e_server import REPO_ROOT, descendants
+from devtools.procfs import wait_until_gone
 from provider.emulator.client import EmulatorAdmin
 
 

@@ -1,6 +1,6 @@
 """The demo's session with a worker host: call params, host calls, the API's own view of a
 sandbox (on the emulator), the one way the demo runs a command, and the cleanup and facts
-every walk ends with. The steps themselves are :mod:`provider.devtools.demo_walkthrough`'s.
+every walk ends with. The steps themselves are :mod:`devtools.demo_walkthrough`'s.
 """
 
 from __future__ import annotations
@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import anyio
 
-from provider.devtools.demo_hosts import HostReport, WorkerHost
-from provider.devtools.demo_project import SANDBOX_PROJECT
-from provider.devtools.demo_transcript import Transcript
+from devtools.call_params import call_config, common_params, lease_ref, with_lease
+from devtools.demo_hosts import HostReport, WorkerHost
+from devtools.demo_options import DemoOptions
+from devtools.demo_project import SANDBOX_PROJECT
+from devtools.demo_transcript import Transcript
 from provider.emulator import Emulator
-
-if TYPE_CHECKING:
-    from provider.devtools.demo import DemoOptions
 
 TIMEOUT_MS: Final = 300_000
 CALL_SLACK_MS: Final = 30_000
@@ -53,13 +52,9 @@ class DemoSession:
         self.t = transcript
         self.emulator = emulator
         self.work_dir = work_dir
-        self.config: dict[str, Any] = {
-            "apiUrl": api_url,
-            "apiKey": options.api_key,
-            "shape": options.shape,
-            "timeoutMs": TIMEOUT_MS,
-            "reuseLease": True,
-        }
+        self.config = call_config(
+            api_url, options.api_key, shape=options.shape, timeout_ms=TIMEOUT_MS, reuse_lease=True
+        )
         if options.rootfs:
             self.config["rootfs"] = options.rootfs
         self.lease: dict[str, Any] | None = None
@@ -73,12 +68,11 @@ class DemoSession:
     # -- helpers -----------------------------------------------------------------------------
 
     def common(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "driverKey": "createos",
-            "companyId": COMPANY_ID,
-            "environmentId": ENVIRONMENT_ID,
-            "config": dict(self.config if config is None else config),
-        }
+        return common_params(
+            self.config if config is None else config,
+            company_id=COMPANY_ID,
+            environment_id=ENVIRONMENT_ID,
+        )
 
     def lease_ref(
         self, lease: dict[str, Any] | None = None, config: dict[str, Any] | None = None
@@ -86,18 +80,14 @@ class DemoSession:
         """Release, resume and destroy params of ``lease`` (default: the reusable one)."""
         lease = self.lease if lease is None else lease
         assert lease is not None
-        return {
-            **self.common(config),
-            "providerLeaseId": lease["providerLeaseId"],
-            "leaseMetadata": lease["metadata"],
-        }
+        return lease_ref(self.common(config), lease)
 
     def with_lease(
         self, lease: dict[str, Any] | None = None, config: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         lease = self.lease if lease is None else lease
         assert lease is not None
-        return {**self.common(config), "lease": {**lease, "expiresAt": None}}
+        return with_lease(self.common(config), lease)
 
     async def call(self, method: str, params: dict[str, Any], timeout_ms: int) -> Any:
         return await self.host.call(method, params, timeout_ms=timeout_ms)

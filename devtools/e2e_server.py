@@ -1,4 +1,4 @@
-"""The full Paperclip server (host-protocol.md 9.2) on a throwaway PostgreSQL, driven by its CLI.
+"""The full Paperclip server (docs/protocol.md H9.2) on a throwaway PostgreSQL, driven by its CLI.
 
 ``PaperclipServer`` installs Node 24 + ``paperclipai``/``@paperclipai/server`` 2026.916.1
 (``host/e2e/install-host.sh``, cached), starts a PostgreSQL cluster (``host/e2e/postgres.sh``),
@@ -36,9 +36,9 @@ import anyio
 import anyio.abc
 import httpx
 
-from provider.devtools.procfs import child_pids, wait_until_gone
+from devtools.procfs import child_pids, wait_until_gone
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 E2E_DIR: Final = REPO_ROOT / "host" / "e2e"
 PAPERCLIP_VERSION: Final = "2026.916.1"
 SERVER_STOP_S: Final = 30.0

@@ -16,13 +16,14 @@ from typing import Final
 
 import anyio
 
-from provider.devtools.demo_egress import (
+from devtools.call_params import validate_params
+from devtools.demo_egress import (
     GREETING,
     RESTRICTED_EGRESS,
     connect_script,
     loopback_listener,
 )
-from provider.devtools.demo_project import (
+from devtools.demo_project import (
     CHECK_SCRIPT,
     EXCLUDED,
     RELEASE_NOTES,
@@ -32,7 +33,7 @@ from provider.devtools.demo_project import (
     synced_file_count,
     write_project,
 )
-from provider.devtools.demo_session import DemoFailure, DemoSession, expect
+from devtools.demo_session import DemoFailure, DemoSession, expect
 
 WORKSPACE_ROOT: Final = "/paperclip-workspace"
 PROBE_TIMEOUT_MS: Final = 120_000
@@ -50,7 +51,7 @@ class Walkthrough(DemoSession):
         with self.t.step("Validate the config (and refuse a bad one)"):
             answer = await self.call(
                 "environmentValidateConfig",
-                {"driverKey": "createos", "config": self.config},
+                validate_params(self.config),
                 30_000,
             )
             expect(answer.get("ok") is True, f"config refused: {answer.get('errors')}")
@@ -59,9 +60,7 @@ class Walkthrough(DemoSession):
             for warning in answer.get("warnings") or []:
                 self.t.detail("warning", warning)
             bad = {**self.config, "apiUrl": "http://remote.example", "timeoutMs": "500"}
-            refused = await self.call(
-                "environmentValidateConfig", {"driverKey": "createos", "config": bad}, 30_000
-            )
+            refused = await self.call("environmentValidateConfig", validate_params(bad), 30_000)
             expect(refused.get("ok") is False, "a plain-http remote apiUrl was accepted")
             self.t.detail("bad config", f"refused with {len(refused.get('errors') or [])} errors:")
             for error in refused.get("errors") or []:

@@ -1,6 +1,6 @@
 """A small Python host that speaks the Paperclip stdio protocol to ``python -m provider``.
 
-It does what the worker manager does for our verbs (host-protocol.md 1-5) and nothing more:
+It does what the worker manager does for our verbs (docs/protocol.md H1-H5) and nothing more:
 spawns the worker with the host's scrubbed environment (plus what the caller adds), sends
 ``initialize``, adds a ``paperclipInvocation`` to every call that carries a ``companyId``,
 routes ``execute.log`` notifications by the invocation id the worker echoes, keeps ``log``
@@ -38,8 +38,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from provider.devtools.host_peer import REPO_ROOT
-from provider.devtools.peer_sessions import PeerCallError
+from devtools.host_peer import REPO_ROOT
+from devtools.peer_sessions import PeerCallError
 from provider.rpc.stdio import FdReceiveStream, FdSendStream, LineReader
 
 LogCallback = Callable[[str, str], None]
@@ -65,7 +65,7 @@ class WorkerCallError(PeerCallError):
 
 
 def host_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What the 916.1 worker manager passes (host-protocol.md 1), plus what the shim adds."""
+    """What the 916.1 worker manager passes (docs/protocol.md H1), plus what the shim adds."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "NODE_ENV": "production",
@@ -371,18 +371,4 @@ def _initialize_params() -> dict[str, Any]:
             "deploymentMode": "local_trusted",
             "deploymentExposure": "private",
         },
-    }
-
-
-def with_lease(common: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
-    """``common`` call params plus the lease as the host passes it."""
-    return {**common, "lease": {**lease, "expiresAt": None}}
-
-
-def lease_ref(common: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
-    """``common`` call params plus the lease id and metadata (release/resume/destroy)."""
-    return {
-        **common,
-        "providerLeaseId": lease["providerLeaseId"],
-        "leaseMetadata": lease["metadata"],
     }

@@ -1,1 +1,0 @@
-"""Developer tools: the real-host peer client and the demo."""
