@@ -22,9 +22,9 @@ from provider.createos.client import CreateOSClient
 from provider.createos.wire import Wire
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.names import name_token
+from provider.driver.core.ownership import PROVIDER_NAME
 from provider.driver.core.params import AcquireParams
 from provider.driver.core.runtime import (
-    PROVIDER_NAME,
     ROOT,
     BoundCall,
     DriverRuntime,

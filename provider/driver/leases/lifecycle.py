@@ -28,9 +28,9 @@ from provider.driver.commands.sandbox_ops import (
     stop_every_tree,
 )
 from provider.driver.core import gone
+from provider.driver.core.ownership import PROVIDER_NAME
 from provider.driver.core.params import LeaseIdParams, LeaseParams
 from provider.driver.core.runtime import (
-    PROVIDER_NAME,
     ROOT,
     BoundCall,
     DriverRuntime,
