@@ -44,7 +44,7 @@ async def acquire(h: Harness, *, settings: Any = None, **config: Any) -> dict[st
     params = h.acquire_params(**config)
     if settings is not None:
         params["executionWorkspaceSettings"] = settings
-    lease = await h.methods.acquire(params)
+    lease: dict[str, Any] = await h.methods.acquire(params)
     await h.settle()
     return lease
 

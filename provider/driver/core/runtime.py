@@ -31,6 +31,7 @@ from provider.driver.core.keepalive import default_interval
 from provider.driver.core.names import scope_tag
 from provider.driver.core.ownership import LEASE, check_owned
 from provider.driver.core.params import CallParams
+from provider.driver.core.process_records import JournaledProcesses
 from provider.driver.core.tracker import LeaseTracker, ScopeKey
 from provider.errors import ProviderError, RateLimitQueued
 
@@ -116,6 +117,21 @@ class BoundCall:
     def scope_tag(self) -> str:
         """This environment's tag in sandbox names and the kept-fork ledger (2.13)."""
         return scope_tag(self.company_id, self.environment_id, self.config.api_url)
+
+
+@dataclass(frozen=True)
+class LeasedCall:
+    """A call on an existing lease while it works (``provider.driver.leased``): its binding,
+    the claimed lease's scope and an open client; ``records`` journals its processes."""
+
+    runtime: DriverRuntime
+    call: BoundCall
+    scope: ScopeKey
+    client: CreateOSClient
+
+    @property
+    def records(self) -> JournaledProcesses:
+        return JournaledProcesses(self.runtime.journal, self.scope)
 
 
 def bind_call(runtime: DriverRuntime, params: CallParams) -> BoundCall:

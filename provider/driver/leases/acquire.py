@@ -31,6 +31,7 @@ from provider.driver.core.runtime import (
     bind_call,
     deadline,
 )
+from provider.driver.leases.answers import LeaseAnswer
 from provider.driver.leases.create_outcome import create_sandbox, delete_after_failure, fork_sandbox
 from provider.driver.leases.create_watch import watch_creates
 from provider.driver.leases.forks import fork_token
@@ -48,7 +49,7 @@ LeaseHook = Callable[[BoundCall, str], None]
 
 async def acquire(
     runtime: DriverRuntime, params: AcquireParams, *, on_reusable: LeaseHook | None = None
-) -> dict[str, Any]:
+) -> LeaseAnswer:
     if params.requestedExpiresAt:
         raise RequestRefused(
             "CreateOS cannot bound a lease's lifetime (it has no hard expiry), so a lease with "
@@ -80,11 +81,7 @@ async def acquire(
         )
     if placement.reusable and on_reusable is not None:
         on_reusable(call, sandbox_id)
-    return {
-        "providerLeaseId": sandbox_id,
-        "metadata": lease_metadata(call, marker, placement),
-        "expiresAt": None,
-    }
+    return LeaseAnswer(call, sandbox_id, lease_metadata(call, marker, placement))
 
 
 def lease_metadata(call: BoundCall, marker: str, placement: Placement) -> dict[str, Any]:

@@ -51,8 +51,8 @@ async def download(session: SyncSession, mapping: FileMapping) -> tuple[int, int
         what = f"Packing {mapping.sandbox_path}"
         packed = await session.control(script, what)
         try:
-            inline = sync_inline.parse_inline(packed["stdout"], session.inline_out)
-            sizes = [] if inline is not None else sync_parts.parse_part_sizes(packed["stdout"])
+            inline = sync_inline.parse_inline(packed.stdout, session.inline_out)
+            sizes = [] if inline is not None else sync_parts.parse_part_sizes(packed.stdout)
         except ValueError as exc:
             raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
         scratch_gone = inline is not None  # the pack command removed it
