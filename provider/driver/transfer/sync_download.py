@@ -10,21 +10,18 @@ installed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
 from provider.driver.transfer import sync_files, sync_inline, sync_parts
 from provider.driver.transfer.archive import extract_archive
+from provider.driver.transfer.sync_mapping import MappingSession
 from provider.driver.transfer.sync_parts import Scratch
 from provider.driver.transfer.sync_plan import FileMapping
 from provider.errors import TransferError
 
-if TYPE_CHECKING:
-    from provider.driver.transfer.sync import SyncSession
 
-
-async def download(session: SyncSession, mapping: FileMapping) -> tuple[int, int]:
+async def download(session: MappingSession, mapping: FileMapping) -> tuple[int, int]:
     """Pack in the sandbox (into parts), GET every part into one host file, then install
     it (file) or validate and extract it (directory)."""
     scratch = sync_parts.new_scratch()
