@@ -33,25 +33,11 @@ class DriverService:
     ) -> None:
         reaper = reaper if reaper is not None else Reaper(runtime, log)
         self.context = DriverContext(runtime, notify, log, reaper)
+        self.runtime, self.notify, self.log = runtime, notify, log
+        self.interactive: Interactive = self.context.interactive
         self._table: dict[str, Handler] = {
             verb.name: partial(verb.handle, self.context) for verb in VERB_TABLE
         }
-
-    @property
-    def runtime(self) -> DriverRuntime:
-        return self.context.runtime
-
-    @property
-    def notify(self) -> Notify:
-        return self.context.notify
-
-    @property
-    def log(self) -> Log:
-        return self.context.log
-
-    @property
-    def interactive(self) -> Interactive:
-        return self.context.interactive
 
     def table(self) -> dict[str, Handler]:
         """The method table: each served verb's name to its handler of raw params."""

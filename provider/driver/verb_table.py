@@ -57,6 +57,7 @@ from provider.driver.core.params import (
     ValidateConfigParams,
     decode_params,
 )
+from provider.driver.core.runtime import DriverRuntime
 from provider.driver.leases import acquire, lifecycle
 from provider.driver.leases.answers import Released
 from provider.driver.leases.probe import probe
@@ -157,6 +158,13 @@ def _sync(direction: Direction) -> Callable[[DriverContext, SyncParams], Awaitab
     return handler
 
 
+def _on_runtime(
+    handler: Callable[[DriverRuntime, P], Awaitable[dict[str, Any]]],
+) -> Callable[[DriverContext, P], Awaitable[dict[str, Any]]]:
+    """A handler that needs only the runtime (the setup and template verbs)."""
+    return lambda d, p: handler(d.runtime, p)
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 VERB_TABLE: Final[tuple[Verb[Any], ...]] = (
@@ -174,31 +182,31 @@ VERB_TABLE: Final[tuple[Verb[Any], ...]] = (
     Verb(
         "environmentStartInteractiveSetup",
         StartSetupParams,
-        lambda d, p: templates.start_setup(d.runtime, p),
+        _on_runtime(templates.start_setup),
         "start_setup",
     ),
     Verb(
         "environmentGetInteractiveSetup",
         GetSetupParams,
-        lambda d, p: templates.get_setup(d.runtime, p),
+        _on_runtime(templates.get_setup),
         "get_setup",
     ),
     Verb(
         "environmentCaptureTemplate",
         CaptureParams,
-        lambda d, p: template_capture.capture_template(d.runtime, p),
+        _on_runtime(template_capture.capture_template),
         "capture_template",
     ),
     Verb(
         "environmentCancelInteractiveSetup",
         CancelSetupParams,
-        lambda d, p: templates.cancel_setup(d.runtime, p),
+        _on_runtime(templates.cancel_setup),
         "cancel_setup",
     ),
     Verb(
         "environmentDeleteTemplate",
         DeleteTemplateParams,
-        lambda d, p: template_capture.delete_template(d.runtime, p),
+        _on_runtime(template_capture.delete_template),
         "delete_template",
     ),
     # login terminals (provider-behavior.md 6) and duplex channels (7)

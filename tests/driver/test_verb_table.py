@@ -26,16 +26,17 @@ pytestmark = pytest.mark.anyio
 MANIFEST = Path(__file__).resolve().parents[2] / "manifest.json"
 #: The verb groups the manifest declares by a flag (host-protocol.md 10.1); the lease verbs
 #: need none.
+TEMPLATE_VERBS = {
+    "supportsTemplateCapture": "environmentCaptureTemplate",
+    "supportsTemplateDelete": "environmentDeleteTemplate",
+}
 FLAGGED = {
     "supportsLoginPty": verbs.LOGIN_PTY_VERBS,
     "duplexCommandStream": verbs.DUPLEX_VERBS,
-    "supportsInteractiveSetup": (
-        "environmentStartInteractiveSetup",
-        "environmentGetInteractiveSetup",
-        "environmentCancelInteractiveSetup",
+    "supportsInteractiveSetup": tuple(
+        verb for verb in verbs.SETUP_VERBS if verb not in TEMPLATE_VERBS.values()
     ),
-    "supportsTemplateCapture": ("environmentCaptureTemplate",),
-    "supportsTemplateDelete": ("environmentDeleteTemplate",),
+    **{flag: (verb,) for flag, verb in TEMPLATE_VERBS.items()},
 }
 
 

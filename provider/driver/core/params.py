@@ -145,14 +145,19 @@ class DeleteTemplateParams(CallParams, kw_only=True):
     reason: str | None = None
 
 
-class LoginOpenParams(msgspec.Struct, kw_only=True):
+class RouteOpenParams(msgspec.Struct, kw_only=True):
+    """loginPtyOpen and duplexChannelOpen: a host route onto a lease this worker holds."""
+
     hostRouteId: str
     companyId: str
     environmentId: str
     providerLeaseId: str
+    driverKey: str | None = None
+
+
+class LoginOpenParams(RouteOpenParams, kw_only=True):
     loginCommandKey: str
     sessionHome: str
-    driverKey: str | None = None
 
 
 class LoginInputParams(msgspec.Struct, kw_only=True):
@@ -171,13 +176,8 @@ class RouteCloseParams(msgspec.Struct, kw_only=True):
     workerSessionId: str | None = None
 
 
-class ChannelOpenParams(msgspec.Struct, kw_only=True):
-    hostRouteId: str
-    companyId: str
-    environmentId: str
-    providerLeaseId: str
+class ChannelOpenParams(RouteOpenParams, kw_only=True):
     command: list[str]
-    driverKey: str | None = None
 
 
 class ChannelPairParams(msgspec.Struct, kw_only=True):

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import anyio
 
 from provider.driver.core.keepalive import keepalive
-from provider.driver.core.params import ChannelOpenParams, LoginOpenParams
+from provider.driver.core.params import RouteOpenParams
 from provider.driver.core.process_records import JournaledProcesses
 from provider.driver.core.runtime import BoundCall, DriverRuntime, deadline
 from provider.driver.interactive.registry import LeaseRef, LeaseRegistry
@@ -78,9 +78,7 @@ class Interactive:
 
     # -- opening ---------------------------------------------------------------------------
 
-    def check_open(
-        self, kind: str, params: LoginOpenParams | ChannelOpenParams, method: str
-    ) -> OpenTarget:
+    def check_open(self, kind: str, params: RouteOpenParams, method: str) -> OpenTarget:
         """6.1.1 (and 7.1.1): every refusal before any HTTP request."""
         if self.runtime.tracker.shutting_down:
             raise RequestRefused(f"Cannot open a {kind}: the worker is shutting down.")
