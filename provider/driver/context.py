@@ -3,11 +3,11 @@
 :meth:`DriverContext.leased` is the preamble of every verb that works on an existing lease
 (execute, sync in, sync out): refuse, without a request, a lease this worker saw deleted; claim
 it (ownership, crash recovery, a journaled poison mark); register it for terminal and channel
-opens (provider-behavior.md 2.12); then, around the verb's own work, track the operation (so
-release and shutdown can cancel it), open the client, keep a warm lease awake (2.10.6), poison
-the lease when a cleanup stays unconfirmed and mark it gone on a 404. The caller binds the call
-first (:meth:`DriverContext.bind`, the one parse of its config) so that it can refuse bad values
-before the claim.
+opens (docs/protocol.md 2.12); then, around the verb's own work, track the operation (so
+release and shutdown can cancel it), open the client, keep a warm lease awake
+(docs/protocol.md 2.10.6), poison the lease when a cleanup stays unconfirmed and mark it gone
+on a 404. The caller binds the call first (:meth:`DriverContext.bind`, the one parse of its
+config) so that it can refuse bad values before the claim.
 
 It lives above the wings because it joins them: leases (the claim), interactive (registration)
 and core.

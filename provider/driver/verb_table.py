@@ -178,7 +178,7 @@ VERB_TABLE: Final[tuple[Verb[Any], ...]] = (
     Verb("environmentExecute", ExecuteParams, _execute, "execute"),
     Verb("environmentSyncIn", SyncParams, _sync("in"), "sync_in"),
     Verb("environmentSyncOut", SyncParams, _sync("out"), "sync_out"),
-    # interactive setup and templates (host-protocol.md 10.4): answers are the host's dicts
+    # interactive setup and templates (docs/protocol.md H10.4): answers are the host's dicts
     Verb(
         "environmentStartInteractiveSetup",
         StartSetupParams,
@@ -209,7 +209,7 @@ VERB_TABLE: Final[tuple[Verb[Any], ...]] = (
         _on_runtime(template_capture.delete_template),
         "delete_template",
     ),
-    # login terminals (provider-behavior.md 6) and duplex channels (7)
+    # login terminals and duplex channels (docs/protocol.md 6 and 7)
     Verb("loginPtyOpen", LoginOpenParams, lambda d, p: d.login.open(p), "login_open"),
     Verb("loginPtyInput", LoginInputParams, lambda d, p: d.login.input(p), "login_input"),
     Verb("loginPtyStop", LoginStopParams, lambda d, p: d.login.stop(p), "login_stop"),

@@ -24,7 +24,7 @@ from provider.errors import InvalidParams
 pytestmark = pytest.mark.anyio
 
 MANIFEST = Path(__file__).resolve().parents[2] / "manifest.json"
-#: The verb groups the manifest declares by a flag (host-protocol.md 10.1); the lease verbs
+#: The verb groups the manifest declares by a flag (docs/protocol.md H10.1); the lease verbs
 #: need none.
 TEMPLATE_VERBS = {
     "supportsTemplateCapture": "environmentCaptureTemplate",

@@ -1,4 +1,4 @@
-"""environmentExecute's own work (provider-behavior.md 3): its command checked before any
+"""environmentExecute's own work (docs/protocol.md 3): its command checked before any
 request, then run on the leased sandbox with its output relayed live.
 
 :func:`command_spec` turns the params into a :class:`CommandSpec` and refuses a bad or oversized

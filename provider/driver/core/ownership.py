@@ -1,7 +1,7 @@
 """Whether a lease, a setup session or a template belongs to the caller: one check for all three.
 
 Each is a CreateOS sandbox this provider issued, named by an id and described by metadata the
-host stores and hands back (provider-behavior.md 2.1; setup sessions and templates: 10.4). The
+host stores and hands back (docs/protocol.md 2.1; setup sessions and templates: H10.4). The
 check refuses, before any HTTP request and never echoing a value: a missing id, an id that is not
 a CreateOS sandbox id, metadata another provider wrote, and metadata that names another company,
 environment or API endpoint than this call. Each kind words its refusals itself (:class:`Owner`);

@@ -7,7 +7,7 @@ adds new ones over time); wrong types are refused with :class:`InvalidParams` na
 ``config`` stays a raw mapping here: ``provider.config.parse_config`` owns its rules. The
 interactive-setup and template calls (host-protocol.md 10.4) carry ``providerLeaseId`` +
 ``setupMetadata`` (get, capture, cancel) or ``templateRef`` + ``metadata`` (delete). The login
-terminal and duplex channel calls (provider-behavior.md 6 and 7) name a lease or a session by
+terminal and duplex channel calls (docs/protocol.md 6 and 7) name a lease or a session by
 route. Every verb's params type is here; :mod:`provider.driver.verb_table` says which verb
 decodes into which.
 """

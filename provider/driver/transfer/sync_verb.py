@@ -1,5 +1,5 @@
 """environmentSyncIn / environmentSyncOut's own work: plan the operations, then run them on the
-leased sandbox within the call's deadline (provider-behavior.md 5).
+leased sandbox within the call's deadline (docs/protocol.md 5).
 
 A :class:`SyncCall` is made by the verb edge (:mod:`provider.driver.verb_table`); the leased
 call (:mod:`provider.driver.leased`) awaits :meth:`SyncCall.plan` once the lease is claimed and
