@@ -23,7 +23,7 @@ SETUP_FILE = "/paperclip-workspace/setup.txt"
 MARKER_PATH = "/paperclip-workspace/.paperclip-runtime/.paperclip-createos-lease"
 
 
-# -- the host's redaction of setup and template metadata (host-protocol.md 10.4) -------------
+# -- the host's redaction of setup and template metadata (docs/protocol.md H10.4) -------------
 
 # A port of redactEnvironmentCustomImageValue (@paperclipai/shared, environment-custom-images.js).
 _SENSITIVE_KEYS = [

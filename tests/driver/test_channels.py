@@ -1,5 +1,5 @@
 """Duplex channels against the emulator: real processes, real streams, scripted faults
-(provider-behavior.md 7, checklist 75-79)."""
+(docs/protocol.md 7, checklist 75-79)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Login terminals against the emulator: a fake agent CLI in a real PTY (provider-behavior.md 6,
+"""Login terminals against the emulator: a fake agent CLI in a real PTY (docs/protocol.md 6,
 checklist 70-74)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Egress, rootfs per adapter and the warm window through the real driver on the emulator
-(provider-behavior.md 2.9-2.11, checklist 61-64, 66-67)."""
+(docs/protocol.md 2.9-2.11, checklist 61-64, 66-67)."""
 
 from __future__ import annotations
 

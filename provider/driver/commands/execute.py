@@ -2,7 +2,7 @@
 
 :func:`run_command` checks the command before any request (3.1, and the size bounds of
 :mod:`provider.driver.commands.command_size`), then runs it as one streaming exec
-(:mod:`provider.driver.commands.streamed`, provider-behavior.md 3.9: 1 request, 2 with staged
+(:mod:`provider.driver.commands.streamed`, docs/protocol.md 3.9: 1 request, 2 with staged
 stdin). An origin whose exec stream answers 404 (an older CreateOS) runs commands as managed
 processes from then on (:mod:`provider.driver.commands.managed_command`, 3.3), with one log line.
 Both paths give the same guarantees and the same

@@ -1,4 +1,4 @@
-"""Run one command as a CreateOS managed process (provider-behavior.md section 3.3): the path
+"""Run one command as a CreateOS managed process (docs/protocol.md 3.3): the path
 for servers without the exec stream (:mod:`provider.driver.commands.streamed` is the default).
 
 The command runs as an argv inside a bash wrapper that waits for EOF on its stdin (the start

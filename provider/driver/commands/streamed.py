@@ -1,4 +1,4 @@
-"""Run one command as one streaming exec (provider-behavior.md 3.9).
+"""Run one command as one streaming exec (docs/protocol.md 3.9).
 
 The command travels in one ``POST /exec?stream=true`` with its stdin in the body (up to
 :data:`INLINE_STDIN_BYTES`; more is staged as a file first, 2 requests), wrapped by

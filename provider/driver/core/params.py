@@ -5,7 +5,7 @@ lease-bearing calls add either ``providerLeaseId`` + ``leaseMetadata`` (resume, 
 destroy) or a ``lease`` object (realize, execute, sync). Unknown keys are tolerated (the host
 adds new ones over time); wrong types are refused with :class:`InvalidParams` naming the field.
 ``config`` stays a raw mapping here: ``provider.config.parse_config`` owns its rules. The
-interactive-setup and template calls (host-protocol.md 10.4) carry ``providerLeaseId`` +
+interactive-setup and template calls (docs/protocol.md H10.4) carry ``providerLeaseId`` +
 ``setupMetadata`` (get, capture, cancel) or ``templateRef`` + ``metadata`` (delete). The login
 terminal and duplex channel calls (docs/protocol.md 6 and 7) name a lease or a session by
 route. Every verb's params type is here; :mod:`provider.driver.verb_table` says which verb
@@ -106,7 +106,7 @@ class SyncParams(LeaseParams, kw_only=True):
 
 
 class StartSetupParams(CallParams, kw_only=True):
-    """environmentStartInteractiveSetup (host-protocol.md 10.4)."""
+    """environmentStartInteractiveSetup (docs/protocol.md H10.4)."""
 
     sessionId: str | None = None
     sourceTemplateRef: str | None = None

@@ -3,7 +3,7 @@
 ``DriverRuntime`` is built once per worker by the composition root; its ``background``
 tasks live as long as the worker (the composition root runs them, shutdown cancels them).
 ``bind_call`` turns a request's common params into a :class:`BoundCall` (parsed config,
-resolved key) and ``owned_scope`` applies the ownership rule of provider-behavior.md 2.1
+resolved key) and ``owned_scope`` applies the ownership rule of docs/protocol.md 2.1
 (:mod:`provider.driver.core.ownership`) before any HTTP request.
 """
 

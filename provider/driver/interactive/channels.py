@@ -1,4 +1,4 @@
-"""Duplex channels (``duplexChannel*``, provider-behavior.md 7): a byte pipe to a process in the
+"""Duplex channels (``duplexChannel*``, docs/protocol.md 7): a byte pipe to a process in the
 sandbox, which the host uses for its agent callback bridge (HTTP/2 over the channel).
 
 The host's argv runs under a non-login ``bash -c`` (which prints nothing of its own) behind a

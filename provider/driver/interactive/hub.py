@@ -1,5 +1,5 @@
 """What login terminals and duplex channels share around their sessions: the opening checks,
-the open itself, closing, and tearing a lease's sessions down (provider-behavior.md 2.12, 6, 7).
+the open itself, closing, and tearing a lease's sessions down (docs/protocol.md 2.12, 6, 7).
 
 :class:`Interactive` holds the :class:`SessionTable` and the lease registry. Opens carry no
 config or key, so they find their lease in the registry; every check of 6.1.1 runs before any

@@ -1,4 +1,4 @@
-"""Login terminals (``loginPty*``, provider-behavior.md 6): an agent CLI's device login in a
+"""Login terminals (``loginPty*``, docs/protocol.md 6): an agent CLI's device login in a
 120x30 pseudo-terminal of the lease's sandbox, relayed to the Paperclip UI.
 
 The command is one of a closed map (the host has checked the key too); it runs with ``HOME``

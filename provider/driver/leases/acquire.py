@@ -1,4 +1,4 @@
-"""Acquire (provider-behavior.md 2.3): create a sandbox and prove it is ours.
+"""Acquire (docs/protocol.md 2.3): create a sandbox and prove it is ours.
 
 Acquire plans the sandbox (:mod:`provider.driver.leases.placement`: egress, warm window, rootfs per
 adapter, snapshot), creates it with a unique name token (``pc-<scope tag>-<uuid>``) or, when the

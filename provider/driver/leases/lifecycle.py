@@ -1,4 +1,4 @@
-"""Lease lifecycle after acquire: resume, release, destroy, realize (provider-behavior.md 2.4-2.6,
+"""Lease lifecycle after acquire: resume, release, destroy, realize (docs/protocol.md 2.4-2.6,
 2.9-2.10). Acquire lives in :mod:`provider.driver.leases.acquire`.
 
 Resume proves the sandbox is still ours (the marker written at acquire) after re-applying the

@@ -1,5 +1,5 @@
 """Capturing a setup sandbox as a snapshot template, and deleting a template
-(provider-behavior.md 8.3, host-protocol.md 10.4).
+(docs/protocol.md 8.3, docs/protocol.md H10.4).
 
 Capture proves the sandbox is the session's (its marker file holds the session's
 ``setupMarker``), stops every process tree left in it (the operator's shell included, so forks

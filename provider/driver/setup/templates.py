@@ -1,4 +1,4 @@
-"""Interactive setup sessions (provider-behavior.md 8.1-8.2, host-protocol.md 10.4): start, get
+"""Interactive setup sessions (docs/protocol.md 8.1-8.2, docs/protocol.md H10.4): start, get
 and cancel. Capture and template deletion live in :mod:`provider.driver.setup.template_capture`.
 
 A setup session is a sandbox the operator prepares by hand; capturing it pauses it and makes it
@@ -39,7 +39,7 @@ CONNECTION_TYPE: Final = "createos_shell"
 TEMPLATE_KIND: Final = "snapshot"
 SETUP_NAME_PREFIX: Final = "pc-setup-"
 #: What start answers as metadata. None of these keys (nor any value) matches the host's
-#: redaction rules (host-protocol.md 10.4), so the host hands them back unchanged.
+#: redaction rules (docs/protocol.md H10.4), so the host hands them back unchanged.
 SETUP_METADATA_KEYS: Final = (
     "provider",
     "companyId",
@@ -75,7 +75,8 @@ def connection_payload(api_url: str, sandbox_id: str, expires_at: str | None) ->
         "expiresAt": expires_at,
     }
     if api_url == DEFAULT_API_URL:
-        # the official CLI (for operators who have it); an id needs no quoting (1.9)
+        # the official CLI (for operators who have it); an id needs no quoting (docs/protocol.md
+        # C1.9)
         payload["alternativeCommand"] = f"createos sandbox shell {sandbox_id}"
     return payload
 

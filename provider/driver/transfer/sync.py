@@ -2,7 +2,7 @@
 
 Bytes never cross JSON-RPC: they are streamed through the files API between host temp files
 and sandbox scratch files, and a guarded control command moves them into place inside the
-sandbox (provider-behavior.md 5). Small ones skip the files API and travel base64 inside that
+sandbox (docs/protocol.md 5). Small ones skip the files API and travel base64 inside that
 one command, in its stdin or its output (:mod:`provider.driver.transfer.sync_inline`, issue 22), so
 a small sync costs one request each way. This module orchestrates, per mapping, what to pack,
 send, place, fetch and clean up; the pieces are
@@ -215,7 +215,8 @@ class SyncSession:
     # -- sandbox commands --------------------------------------------------------------------
 
     async def control(self, script: str, what: str) -> CommandResult:
-        """One control command (spec 5.3); a timeout or non-zero exit fails the transfer."""
+        """One control command (docs/protocol.md 5.3); a timeout or non-zero exit fails the
+        transfer."""
         result = await self._command(script)
         if result.timed_out:
             raise TransferError(f"{what} timed out in the sandbox.")

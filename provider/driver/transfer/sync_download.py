@@ -1,7 +1,7 @@
 """Sync out of one mapping (:class:`provider.driver.transfer.sync.SyncSession` runs it): pack in the
 sandbox into parts, ``GET`` every part into one host file (each must bring exactly the bytes
-the pack step counted), then install the file or validate and extract the archive (spec 5.6).
-A pack result of at most the session's ``inline_out`` bytes comes back in the pack command's
+the pack step counted), then install the file or validate and extract the archive (docs/protocol.md
+5.6). A pack result of at most the session's ``inline_out`` bytes comes back in the pack command's
 own output instead, and the pack command removes its scratch (:mod:`provider.driver.
 sync_inline`): one request for the whole mapping, and the same checks before anything is
 installed.

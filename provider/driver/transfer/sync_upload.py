@@ -1,10 +1,10 @@
 """Sync in of one mapping, up to its placement text
 (:class:`provider.driver.transfer.sync.SyncSession` runs the operation): pack a directory into a
 host archive (exclusions, link policy, special files left out and reported) or take the file
-itself, choose its mode (spec 5.4 step 3), then send its bytes: inline in the operation's command
-when they fit what is left of its stdin (:mod:`provider.driver.transfer.sync_inline`), otherwise
-one streamed ``PUT`` per byte range (:mod:`provider.driver.transfer.sync_parts`). Answers what the
-operation's script needs to place it.
+itself, choose its mode (docs/protocol.md 5.4 step 3), then send its bytes: inline in the
+operation's command when they fit what is left of its stdin
+(:mod:`provider.driver.transfer.sync_inline`), otherwise one streamed ``PUT`` per byte range
+(:mod:`provider.driver.transfer.sync_parts`). Answers what the operation's script needs to place it.
 """
 
 from __future__ import annotations
