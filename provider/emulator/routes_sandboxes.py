@@ -142,17 +142,13 @@ async def get_sandbox(ctx: Ctx) -> Response:
 
 async def delete_sandbox(ctx: Ctx) -> Response:
     sandbox = sandbox_of(ctx)
-    if sandbox.status == "destroyed":
-        return ok({"id": sandbox.id, "status": "destroyed"})
-    if sandbox.status == "destroying":
-        return ok({"id": sandbox.id, "status": "destroying"})
-    status = await ctx.core.destroy(sandbox)
+    status = await ctx.core.delete(sandbox)
     return ok({"id": sandbox.id, "status": status})
 
 
 async def pause(ctx: Ctx) -> Response:
     sandbox = sandbox_of(ctx)
-    if sandbox.status not in ("running", "paused"):
+    if not sandbox.can_pause:
         raise conflict(f"cannot pause a sandbox that is {sandbox.status}")
     status = await sandbox.pause()
     return ok(sandbox.view(), status, [("X-Poll-After", "1")] if status == 202 else None)
