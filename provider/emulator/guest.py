@@ -1,11 +1,9 @@
 """The emulator's end of one sandbox's control channel, and the guest's life around it.
 
 :class:`Guest` starts ``bwrap`` (``guest_process.py``), waits for the supervisor's ``ready``
-event (and, in a user-mode sandbox, attaches its slirp4netns: ``usernet.py``), then multiplexes
-requests, replies (with passed file descriptors) and events over one SOCK_SEQPACKET socket. Exit
-events are recorded synchronously by the reader task, so a process can never miss its own exit;
-a ``self`` event (the guest agent was asked to delete or pause the sandbox) goes to ``on_self``.
-"""
+event, then multiplexes requests, replies (with passed file descriptors) and events over one
+SOCK_SEQPACKET socket. Exit events are recorded synchronously by the reader task, so a process
+can never miss its own exit; a ``self`` event (from the guest agent) goes to ``on_self``."""
 
 from __future__ import annotations
 
@@ -26,7 +24,7 @@ import anyio
 from . import guest_process
 from .bwrap import GuestRuntime, sandbox_argv
 from .hostscan import boot_ticks
-from .usernet import HOST, USER_MODE, UserNet, find_slirp4netns
+from .usernet import UserNet
 
 log = logging.getLogger("provider.emulator")
 
@@ -74,12 +72,10 @@ class ChildWatch:
 class Guest:
     """One running sandbox payload: bwrap + supervisor + control socket."""
 
-    def __init__(
-        self, runtime: GuestRuntime, on_self: Callable[[str, str], None] | None = None
-    ) -> None:
+    def __init__(self, runtime: GuestRuntime, on_self: Callable[[str, str], None]) -> None:
         self.runtime = runtime
         self.on_self = on_self  # (action, reason) of a guest agent request
-        self.usernet: UserNet | None = None  # the slirp4netns of a user-mode sandbox
+        self.usernet: UserNet | None = None  # a user-mode sandbox's slirp4netns (kill stops it)
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.child_pidfd: int | None = None
@@ -103,12 +99,11 @@ class Guest:
         supervisor: Path,
         hostname: str,
         log_path: Path,
-        network: str,
+        unshare_net: bool,
         guest_agent: bool,
         image_mounts: Sequence[str] = (),
     ) -> None:
-        """Launch bwrap, wait until the supervisor says it is ready and give a ``user-mode``
-        sandbox its network. The guest agent listens when ``guest_agent`` (never on ``host``)."""
+        """Launch bwrap and wait until the supervisor (and ``guest_agent``) is ready."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = sandbox_argv(
@@ -118,8 +113,8 @@ class Guest:
                 supervisor=supervisor,
                 hostname=hostname,
                 ctrl_fd=theirs.fileno(),
-                unshare_net=network != HOST,
-                guest_agent=guest_agent and network != HOST,
+                unshare_net=unshare_net,
+                guest_agent=guest_agent,
                 image_mounts=image_mounts,
             )
             self.proc, info_r = guest_process.launch(argv, self.runtime, theirs.fileno(), log_path)
@@ -131,28 +126,18 @@ class Guest:
         try:
             with anyio.fail_after(START_TIMEOUT_S):
                 info = await guest_process.read_info(info_r)
-                self.host_pid, self.child_pidfd, self.pid_ns = guest_process.supervisor_identity(
-                    info
-                )
                 await self._ready.wait()
-            if network == USER_MODE and not self._gone:
-                await self._attach_network(log_path)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.kill()
             raise
         finally:
             os.close(info_r)
+        self.host_pid, self.child_pidfd, self.pid_ns = guest_process.supervisor_identity(info)
         if self._gone:
             raise GuestGone(
                 f"sandbox payload exited during start{guest_process.log_tail(log_path)}"
             )
-
-    async def _attach_network(self, log_path: Path) -> None:
-        binary = find_slirp4netns()
-        if binary is None or self.host_pid is None:
-            raise GuestGone("user-mode network unavailable: slirp4netns or the guest pid is gone")
-        self.usernet = await UserNet.attach(binary, self.host_pid, log_path)
 
     async def kill(self) -> None:
         """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace), wait until the
@@ -303,7 +288,7 @@ class Guest:
             watch = self.children.pop(int(msg["tree"]), None)
             if watch is not None:
                 watch.tree_gone.set()
-        elif event == "self" and self.on_self is not None:
+        elif event == "self":
             self.on_self(str(msg["action"]), str(msg.get("reason", "")))
         for fd in fds if event is not None else ():
             os.close(fd)

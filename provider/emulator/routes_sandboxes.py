@@ -192,7 +192,7 @@ async def get_egress(ctx: Ctx) -> Response:
 
 async def put_egress(ctx: Ctx) -> Response:
     """Swap the stored list (any live state). The network mode chosen at create or fork stays:
-    a restricted sandbox stays loopback-only, an allow-all one keeps the host network."""
+    a restricted sandbox stays loopback-only, an allow-all one keeps its user-mode network."""
     sandbox = sandbox_of(ctx)
     body = await json_body(ctx)
     if "egress" not in body:

@@ -28,7 +28,7 @@ from .processes import ManagedProcess, StdinWriter
 from .sandbox_fs import SandboxFiles
 from .sandbox_spec import SandboxSpec
 from .settings import Settings
-from .usernet import USER_MODE, write_resolv_conf
+from .usernet import HOST, USER_MODE, UserNet, write_resolv_conf
 
 log = logging.getLogger("provider.emulator")
 
@@ -93,10 +93,12 @@ class GuestHost:
                 supervisor=supervisor,
                 hostname=self.spec.name,
                 log_path=self.files.state_dir / "supervisor.log",
-                network=self.network,
-                guest_agent=self.settings.guest_agent,
+                unshare_net=self.network != HOST,
+                guest_agent=self.settings.guest_agent and self.network != HOST,
                 image_mounts=mounts,
             )
+            if self.network == USER_MODE:  # a failure ends the boot: the guest is then killed
+                guest.usernet = await UserNet.attach(guest.host_pid, self.files.state_dir)
         finally:
             self.files.release()
 

@@ -96,10 +96,14 @@ class UserNet:
         return self.proc.poll() is None
 
     @classmethod
-    async def attach(cls, binary: str, target_pid: int, log_path: Path) -> UserNet:
+    async def attach(cls, target_pid: int | None, state_dir: Path) -> UserNet:
         """Start slirp4netns on the network namespace of host pid ``target_pid`` and wait
-        (bounded) until the interface is configured. Call it from the event-loop thread."""
-        net, ready_r = cls._launch(binary, target_pid, log_path)
+        (bounded) until the interface is configured; it logs to ``state_dir/supervisor.log``.
+        Call it from the event-loop thread."""
+        binary = find_slirp4netns()
+        if binary is None or target_pid is None:
+            raise UserNetError("no user-mode network: slirp4netns or the guest's pid is missing")
+        net, ready_r = cls._launch(binary, target_pid, state_dir / "supervisor.log")
         try:
             with anyio.move_on_after(READY_TIMEOUT_S):
                 await anyio.wait_readable(ready_r)
