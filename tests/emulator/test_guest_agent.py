@@ -74,6 +74,19 @@ async def state_row(emu: Emulator, sandbox_id: str) -> dict[str, Any]:
     raise AssertionError(f"{sandbox_id} is not live")
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Host pids whose command line holds ``text`` (a sandbox's bwrap names the data dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def exited(pidfd: int) -> bool:
     """Whether the process behind ``pidfd`` has exited (a pidfd polls readable then)."""
     return bool(select.select([pidfd], [], [], 0)[0])
@@ -205,6 +218,29 @@ async def test_without_slirp4netns_allow_all_sandboxes_share_the_host_network_an
                 got = await sh(client, restricted, agent_request("GET", "/self/delete"))
                 assert got["stdout"].startswith("HTTP/1.1 405 "), got
         assert emu.leaked_host_pids() == []
+    finally:
+        find_slirp4netns.cache_clear()
+
+
+async def test_a_user_mode_network_that_cannot_start_fails_the_create_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    broken = tmp_path / "slirp4netns"
+    broken.write_text("#!/bin/sh\necho 'cannot open /dev/net/tun' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CREATEOS_EMULATOR_SLIRP4NETNS", str(broken))
+    find_slirp4netns.cache_clear()
+    try:
+        emu = Emulator(api_keys=[KEY])
+        async with emu, api(emu) as client:
+            response = await client.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+            assert response.status_code == 503, response.text
+            assert (await emu.admin.state())["sandboxes"] == []
+            assert emu.core is not None
+            assert processes_mentioning(str(emu.core.data_dir)) == []  # its bwrap is gone
+            restricted = await create_sandbox(client, egress=["example.com"])  # needs none
+            assert (await state_row(emu, restricted))["network"] == "loopback-only"
+            assert processes_mentioning(str(emu.core.data_dir)) != []  # the check sees a live one
     finally:
         find_slirp4netns.cache_clear()
 
