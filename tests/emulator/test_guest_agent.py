@@ -143,6 +143,24 @@ async def test_each_sandbox_serves_its_own_agent_and_self_delete_touches_only_it
         assert ("DELETE", f"/v1/sandboxes/{second}") not in calls  # the agent did it
 
 
+async def test_a_silent_agent_client_blocks_neither_the_agent_nor_the_supervisor(
+    emulator: Emulator,
+) -> None:
+    async with api(emulator) as client:
+        sandbox_id = await create_sandbox(client)
+        holders = (
+            "for i in 1 2 3; do (exec 3<>/dev/tcp/127.0.0.1/1029; printf 'POST /self/de' >&3; "
+            ": >/tmp/held.$i; sleep 60) & done; "
+            "until [ -e /tmp/held.1 ] && [ -e /tmp/held.2 ] && [ -e /tmp/held.3 ]; do sleep 0.01; "
+            "done; echo holding"
+        )
+        assert (await sh(client, sandbox_id, holders))["stdout"] == "holding\n"
+        got = await sh(client, sandbox_id, agent_request("GET", "/self/delete"))
+        assert got["stdout"].startswith("HTTP/1.1 405 "), got  # served beside the silent ones
+        assert (await sh(client, sandbox_id, "echo spawned"))["stdout"] == "spawned\n"
+        assert await admin_status(emulator, sandbox_id) == "running"  # half a request: nothing
+
+
 async def test_guest_agent_setting_off_makes_1029_refuse(emulator: Emulator) -> None:
     async with api(emulator) as client:
         await emulator.admin.settings(guest_agent=False)
