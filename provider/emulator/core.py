@@ -178,11 +178,9 @@ class EmulatorCore:
     async def boot(self, sandbox: Sandbox) -> None:
         """Start the sandbox's guest inside the core task group; raises when it cannot start."""
         assert self.tg is not None
-        try:
-            await self.tg.start(self._run_sandbox, sandbox)
-        finally:  # a failed boot too: leak checks must see what it may have left
-            if sandbox.guest is not None:
-                self.guests.append(sandbox.guest)
+        await self.tg.start(self._run_sandbox, sandbox)
+        if sandbox.guest is not None:
+            self.guests.append(sandbox.guest)
 
     async def _run_sandbox(
         self, sandbox: Sandbox, *, task_status: anyio.abc.TaskStatus[None]

@@ -256,7 +256,6 @@ async def test_a_user_mode_network_that_cannot_start_fails_the_create_and_leaves
             assert (await emu.admin.state())["sandboxes"] == []
             assert emu.core is not None
             assert processes_mentioning(str(emu.core.data_dir)) == []  # its bwrap is gone
-            assert emu.leaked_host_pids() == []  # and its namespace (and helper) are empty
             restricted = await create_sandbox(client, egress=["example.com"])  # needs none
             assert (await state_row(emu, restricted))["network"] == "loopback-only"
             assert processes_mentioning(str(emu.core.data_dir)) != []  # the check sees a live one
