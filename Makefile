@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: setup venv python-deps bubblewrap peer test lint typecheck pytest check demo demo-agent bench \
+.PHONY: setup venv python-deps bubblewrap slirp4netns peer test lint typecheck pytest check demo demo-agent bench \
 	package package-lock publish
 
-## setup: venv + editable install with dev extras, bubblewrap (for the emulator), real-host peer
-setup: python-deps bubblewrap peer
+## setup: venv + editable install with dev extras, bubblewrap and slirp4netns (for the emulator),
+## real-host peer
+setup: python-deps bubblewrap slirp4netns peer
 
 venv: $(PY)
 
@@ -28,6 +29,16 @@ bubblewrap:
 	else \
 	  echo "bubblewrap (bwrap) is missing: install it (the emulator runs sandboxes with it)" >&2; \
 	  exit 1; \
+	fi
+
+# Optional: without it the emulator's allow-all sandboxes share the host network, with no guest agent.
+slirp4netns:
+	@if command -v slirp4netns >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && apt-get install -y -qq slirp4netns; \
+	else \
+	  echo "slirp4netns is missing: install it (apt-get install slirp4netns) so that the emulator's" \
+	    "allow-all sandboxes get their own network and guest agent; without it they share the host's" >&2; \
 	fi
 
 peer:

@@ -198,7 +198,7 @@ class Bench:
         await anyio.sleep(CAPACITY * self.interval + 0.05)
 
     async def acquire(self, call: dict[str, Any], run_id: str) -> dict[str, Any]:
-        lease = await self.service.acquire({**call, "runId": run_id})
+        lease: dict[str, Any] = await self.service.acquire({**call, "runId": run_id})
         self.leases.append((call, lease))
         return lease
 

@@ -6,8 +6,9 @@ sandbox runs to reach it: ``connected: <greeting>`` and exit 0 when it gets thro
 own error (``connect: Connection refused``) and a non-zero exit, within a few seconds.
 
 On the emulator a lease whose egress list is restrictive runs in its own network namespace
-(loopback only), so the host's listener is out of its reach, while an allow-all lease shares
-the host network and gets the greeting.
+(loopback only), so the host's listener is out of its reach, while an allow-all lease gets the
+greeting through its user-mode network (the host's loopback is 10.0.2.2 there) or, on a host
+without slirp4netns, the host network itself (127.0.0.1): the script tries both.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Final
 
 import anyio
 from anyio.abc import SocketAttribute, SocketStream
+
+from provider.emulator.usernet import HOST_ADDRESS
 
 GREETING: Final = "hello from the host"
 CONNECT_TIMEOUT_S: Final = 5
@@ -55,6 +58,10 @@ async def loopback_listener() -> AsyncIterator[LoopbackListener]:
 
 
 def connect_script(port: int) -> str:
-    """Bash that connects to ``127.0.0.1:port`` and prints the first line it reads."""
-    inner = f'exec 3<>/dev/tcp/127.0.0.1/{port} && echo "connected: $(head -n 1 <&3)"'
+    """Bash that connects to the host's ``127.0.0.1:port`` (at 10.0.2.2, then 127.0.0.1) and
+    prints the first line it reads."""
+    inner = (
+        f"for address in {HOST_ADDRESS} 127.0.0.1; do exec 3<>/dev/tcp/$address/{port} && "
+        'echo "connected: $(head -n 1 <&3)" && exit; done; exit 1'
+    )
     return f"timeout {CONNECT_TIMEOUT_S} bash -c {shlex.quote(inner)}"

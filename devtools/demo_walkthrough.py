@@ -211,7 +211,7 @@ class Walkthrough(DemoSession):
             script = connect_script(listener.port)
             self.t.detail("listener", f"127.0.0.1:{listener.port} on this machine ({GREETING!r})")
             if self.emulator is not None:
-                self.t.note("the reusable lease allows all egress (the host's network):")
+                self.t.note("the reusable lease allows all egress (it reaches this machine):")
                 self.t.note(f"$ {script}")
                 result = await self.execute(["-c", script])
                 expect(f"connected: {GREETING}" in result["stdout"], "the control did not connect")

@@ -17,7 +17,7 @@ Every command ends by itself or is killed, so nothing outlives the checks.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 import anyio
 
@@ -31,14 +31,14 @@ from provider.driver.commands.command_script import (
     new_token,
     stream_wrapper,
 )
-from provider.driver.commands.execute import CommandSpec, run_command
+from provider.driver.commands.execute import CommandResult, CommandSpec, run_command
 
 COMMAND_TIMEOUT_S: Final = 30.0
 DAEMON_HOLD_S: Final = 20
 """How long the daemon check's background child holds stdout (the call must return long before)."""
 
 
-async def _run(target: Target, script: str) -> dict[str, Any]:
+async def _run(target: Target, script: str) -> CommandResult:
     spec = CommandSpec("/bin/bash", ["-c", script], timeout=COMMAND_TIMEOUT_S)
     return await run_command(
         target.wire.client, target.sandbox_id, spec, on_output=None, cleanup_timeout=15.0
@@ -50,8 +50,8 @@ async def command_status(target: Target) -> Finding:
     coded = await _run(target, "echo out; exit 7")
     signalled = await _run(target, "echo out; kill -TERM $$")
     got = [
-        (coded.get("exitCode"), coded.get("signal"), coded.get("stdout")),
-        (signalled.get("exitCode"), signalled.get("signal"), signalled.get("stdout")),
+        (coded.exit_code, coded.signal, coded.stdout),
+        (signalled.exit_code, signalled.signal, signalled.stdout),
     ]
     if got != [(7, None, "out\n"), (None, "SIGTERM", "out\n")]:
         shown = ", ".join(f"exitCode {code}, signal {sig}" for code, sig, _ in got)
@@ -64,8 +64,8 @@ async def command_daemon(target: Target) -> Finding:
     started = anyio.current_time()
     result = await _run(target, f"(sleep {DAEMON_HOLD_S}; echo late) & echo leader")
     took = anyio.current_time() - started
-    if result.get("exitCode") != 0 or result.get("stdout") != "leader\n":
-        return violated(key, f"exitCode {result.get('exitCode')}, output not as printed")
+    if result.exit_code != 0 or result.stdout != "leader\n":
+        return violated(key, f"exitCode {result.exit_code}, output not as printed")
     if took >= DAEMON_HOLD_S:
         return violated(key, f"returned only after {took:.1f} s, when the child let go")
     return ok(key, f"returned after {took:.2f} s while the child held stdout")

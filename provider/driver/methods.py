@@ -2,9 +2,11 @@
 shutdown hook, and ``background()``, which the composition root runs around serving so that
 background work (the reaper's sweeps) lives as long as the worker.
 
-The table is built from names alone and each handler imports :mod:`provider.driver.service`
-(pydantic, httpx, the CreateOS client) on its first call, so the worker answers ``initialize``
-fast; keep it that way when adding verbs here.
+The table is built from the names in :mod:`provider.verbs` alone, and each handler imports
+:mod:`provider.driver.service` (pydantic, httpx, the CreateOS client) on its first call, so the
+worker answers ``initialize`` fast. Verbs are not added here: each is declared once, as a row of
+:mod:`provider.driver.verb_table` (its docstring says how to add one), with its name in
+:mod:`provider.verbs`; a test holds the two together.
 """
 
 from __future__ import annotations
@@ -23,10 +25,7 @@ MethodHandler = Callable[[dict[str, Any]], Awaitable[Any]]
 Notify = Callable[[str, dict[str, Any]], Awaitable[None]]
 Log = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 
-#: The verbs this worker implements: the environment verbs, the interactive-setup and template
-#: verbs (host-protocol.md 10.4; the host uses them only once the manifest declares the flags),
-#: then the login-terminal and duplex-channel groups (``supportedMethods`` lists them in this
-#: order).
+#: The verbs this worker serves, in ``supportedMethods`` order (:mod:`provider.verbs`).
 VERBS: tuple[str, ...] = SERVED_VERBS
 
 _service: DriverService | None = None

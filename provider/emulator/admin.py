@@ -17,6 +17,7 @@ from .hostscan import scan_host
 from .http_messages import Request, Response
 from .jsend import ApiError, bad_request, fail, json_object, not_found, ok
 from .sandbox_spec import LIVE
+from .sandboxes import Sandbox
 
 FORCEABLE = (
     "creating",
@@ -61,7 +62,8 @@ def state_view(core: EmulatorCore) -> dict[str, Any]:
                     "status": sandbox.status,
                     "owner_key_hash": sandbox.owner,
                     "name": sandbox.spec.name,
-                    "network": "loopback-only" if sandbox.isolated_net else "host",
+                    "network": sandbox.network,
+                    "network_pid": _network_pid(sandbox),
                     "host_pids": sorted(m.host_pid for m in members),
                 }
             )
@@ -83,6 +85,12 @@ def state_view(core: EmulatorCore) -> dict[str, Any]:
         m.host_pid for ns, members in scanned.items() if ns not in live_ns for m in members
     )
     return {"sandboxes": sandboxes, "processes": processes, "orphan_host_pids": orphans}
+
+
+def _network_pid(sandbox: Sandbox) -> int | None:
+    """Host pid of the sandbox's slirp4netns while it runs (user-mode sandboxes)."""
+    usernet = sandbox.guest.usernet if sandbox.guest is not None else None
+    return usernet.pid if usernet is not None and usernet.running else None
 
 
 def _is_loopback(host: str) -> bool:
@@ -166,6 +174,8 @@ class Admin:
             return ok({"processes": list(core.process_history)})
         if (method, path) == ("GET", "/exec-history"):
             return ok({"execs": list(core.exec_history)})
+        if (method, path) == ("GET", "/self-history"):
+            return ok({"requests": list(core.self_history)})
         if (method, path) == ("POST", "/faults"):
             core.faults.append(parse_fault(await self._body(req)))
             return ok({"ok": True, "faults": len(core.faults)})

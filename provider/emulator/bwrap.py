@@ -136,10 +136,13 @@ def sandbox_argv(
     hostname: str,
     ctrl_fd: int,
     unshare_net: bool,
+    guest_agent: bool = False,
     image_mounts: Sequence[str] = (),
 ) -> list[str]:
-    """The full bwrap command line of one sandbox (payload: the supervisor on ``ctrl_fd``);
-    ``image_mounts`` (from :func:`images.image_mounts`) overlay the sandbox's image."""
+    """The full bwrap command line of one sandbox (payload: the supervisor on ``ctrl_fd``,
+    serving the guest agent when ``guest_agent``); ``image_mounts`` (from
+    :func:`images.image_mounts`) overlay the sandbox's image. A host ``/etc`` entry that
+    ``etc_dir`` also holds (``resolv.conf`` of a user-mode sandbox) is the sandbox's own."""
     argv = [runtime.bwrap, "--unshare-user", "--uid", "0", "--gid", "0"]
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if unshare_net:
@@ -154,10 +157,12 @@ def sandbox_argv(
     argv += image_mounts
     argv += ["--proc", "/proc", "--dev", "/dev", "--dir", "/run", "--dir", "/var/tmp"]
     argv += ["--dir", "/etc"]
-    for entry in sorted(p.name for p in etc_dir.iterdir()):
+    own = sorted(p.name for p in etc_dir.iterdir())
+    for entry in own:
         argv += ["--ro-bind", str(etc_dir / entry), f"/etc/{entry}"]
     for name in HOST_ETC:
-        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        if name not in own:
+            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for guest in ("paperclip-workspace", "tmp", "root"):
         argv += ["--bind", str(fs_dir / guest), f"/{guest}"]
     if runtime.python_bind is not None:
@@ -166,6 +171,8 @@ def sandbox_argv(
     argv += ["--clearenv", "--setenv", "PATH", GUEST_PATH, "--setenv", "HOME", "/root"]
     argv += ["--setenv", "LANG", "C.UTF-8", "--chdir", "/"]
     argv += [runtime.python, "-I", "-S", SUPERVISOR_GUEST_PATH, str(ctrl_fd)]
+    if guest_agent:
+        argv.append("agent")
     return argv
 
 

@@ -64,6 +64,12 @@ class EmulatorAdmin:
         data = await self._call("GET", "/exec-history")
         return list(data["execs"])
 
+    async def self_history(self) -> list[dict[str, Any]]:
+        """Every request a sandbox's guest agent forwarded (``sandbox_id``, ``action``,
+        ``reason``, ``time``), kept after the sandbox is gone."""
+        data = await self._call("GET", "/self-history")
+        return list(data["requests"])
+
     async def add_fault(
         self,
         method: str,

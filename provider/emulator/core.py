@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -24,6 +25,7 @@ from .sandbox_guest import guarded
 from .sandbox_spec import SandboxSpec, egress_restricts
 from .sandboxes import Sandbox
 from .settings import Settings
+from .usernet import choose_mode
 
 log = logging.getLogger("provider.emulator")
 
@@ -89,6 +91,7 @@ class EmulatorCore:
         # the commands a client ran): bounded like the request log.
         self.process_history: list[dict[str, Any]] = []
         self.exec_history: list[dict[str, Any]] = []  # every exec spawned, the same way
+        self.self_history: list[dict[str, Any]] = []  # guest agent requests (the last 1,000)
         self.rate: dict[str, deque[float]] = {}
         self.guests: list[Guest] = []  # every guest we started (leak checks)
         self.tg: anyio.abc.TaskGroup | None = None
@@ -151,10 +154,26 @@ class EmulatorCore:
             runtime=self.runtime,
             settings=self.settings,
             forked_from=forked_from,
-            isolated_net=self.unshare_net or egress_restricts(spec.egress),
+            network=choose_mode(restricted=self.unshare_net or egress_restricts(spec.egress)),
         )
+        sandbox.on_self = functools.partial(self._self_request, sandbox)
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
+
+    def _self_request(self, sandbox: Sandbox, action: str, reason: str) -> None:
+        """The guest agent of ``sandbox`` was asked to delete or pause it (it answered 202
+        already): performed here as the API's DELETE or POST /pause would."""
+        if action not in ("delete", "pause"):  # the guest's word: never trusted
+            return
+        log.info("sandbox %s asked for self-%s (reason %r)", sandbox.id, action, reason[:200])
+        self.self_history.append(
+            {"sandbox_id": sandbox.id, "action": action, "reason": reason, "time": time.time()}
+        )
+        del self.self_history[:-1000]
+        if action == "delete":
+            self.start_soon(lambda: self.delete(sandbox))
+        elif action == "pause" and sandbox.can_pause:
+            self.start_soon(sandbox.pause)
 
     async def boot(self, sandbox: Sandbox) -> None:
         """Start the sandbox's guest inside the core task group; raises when it cannot start."""
@@ -171,6 +190,12 @@ class EmulatorCore:
         finally:
             with anyio.CancelScope(shield=True):
                 await sandbox.kill_guest()
+
+    async def delete(self, sandbox: Sandbox) -> str:
+        """A delete request (API or guest agent): the status it answers."""
+        if sandbox.status in ("destroyed", "destroying"):
+            return sandbox.status
+        return await self.destroy(sandbox)
 
     async def destroy(self, sandbox: Sandbox) -> str:
         """Kill the guest now; state dir removal and the ``destroyed`` flip follow."""
@@ -256,6 +281,7 @@ class EmulatorCore:
         self.log.clear()
         self.process_history.clear()
         self.exec_history.clear()
+        self.self_history.clear()
         self.rate.clear()
         fresh = Settings()
         fresh.update(self._initial_settings)

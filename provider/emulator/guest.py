@@ -3,7 +3,7 @@
 :class:`Guest` starts ``bwrap`` (``guest_process.py``), waits for the supervisor's ``ready``
 event, then multiplexes requests, replies (with passed file descriptors) and events over one
 SOCK_SEQPACKET socket. Exit events are recorded synchronously by the reader task, so a process
-can never miss its own exit."""
+can never miss its own exit; a ``self`` event (from the guest agent) goes to ``on_self``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import marshal
 import os
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import anyio
 from . import guest_process
 from .bwrap import GuestRuntime, sandbox_argv
 from .hostscan import boot_ticks
+from .usernet import UserNet
 
 log = logging.getLogger("provider.emulator")
 
@@ -71,8 +72,10 @@ class ChildWatch:
 class Guest:
     """One running sandbox payload: bwrap + supervisor + control socket."""
 
-    def __init__(self, runtime: GuestRuntime) -> None:
+    def __init__(self, runtime: GuestRuntime, on_self: Callable[[str, str], None]) -> None:
         self.runtime = runtime
+        self.on_self = on_self  # (action, reason) of a guest agent request
+        self.usernet: UserNet | None = None  # a user-mode sandbox's slirp4netns (kill stops it)
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.child_pidfd: int | None = None
@@ -97,9 +100,10 @@ class Guest:
         hostname: str,
         log_path: Path,
         unshare_net: bool,
+        guest_agent: bool,
         image_mounts: Sequence[str] = (),
     ) -> None:
-        """Launch bwrap and wait until the supervisor says it is ready."""
+        """Launch bwrap and wait until the supervisor (and ``guest_agent``) is ready."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = sandbox_argv(
@@ -110,6 +114,7 @@ class Guest:
                 hostname=hostname,
                 ctrl_fd=theirs.fileno(),
                 unshare_net=unshare_net,
+                guest_agent=guest_agent,
                 image_mounts=image_mounts,
             )
             self.proc, info_r = guest_process.launch(argv, self.runtime, theirs.fileno(), log_path)
@@ -136,7 +141,7 @@ class Guest:
 
     async def kill(self) -> None:
         """SIGKILL the guest's pid 1 (the kernel then kills the whole namespace), wait until the
-        namespace is empty and reap bwrap. Idempotent."""
+        namespace is empty, reap bwrap and stop its slirp4netns. Idempotent."""
         self._gone = True
         pidfd, self.child_pidfd = self.child_pidfd, None
         if pidfd is not None:
@@ -149,6 +154,8 @@ class Guest:
         if self.pid_ns is not None and self.ended_at is None:
             await anyio.to_thread.run_sync(guest_process.empty_namespace, self.pid_ns)
             self.ended_at = boot_ticks()
+        if self.usernet is not None:
+            await self.usernet.stop()
         self._fail_pending()
 
     def close(self) -> None:
@@ -281,6 +288,8 @@ class Guest:
             watch = self.children.pop(int(msg["tree"]), None)
             if watch is not None:
                 watch.tree_gone.set()
+        elif event == "self":
+            self.on_self(str(msg["action"]), str(msg.get("reason", "")))
         for fd in fds if event is not None else ():
             os.close(fd)
 

@@ -8,8 +8,10 @@ its data dir and bubblewrap binds that folder read-only into the guest: ``guest_
 (the control socket: ``marshal`` requests in, JSON replies and events out, file descriptors
 passed with SCM_RIGHTS, so process output and file bodies never pass through this process),
 ``guest_ops.py`` (what each request does), ``guest_trees.py`` (one subreaper per command),
-``guest_members.py`` (a tree's processes, and killing them) and ``guest_files.py`` (file
-operations). Only builtin modules are imported at start: this start-up is on the create path.
+``guest_members.py`` (a tree's processes, and killing them), ``guest_files.py`` (file
+operations) and ``guest_agent.py`` (``127.0.0.1:1029``, opened when argv[2] is ``agent``: its
+requests become ``self`` events). Only builtin modules are imported at start: this start-up is
+on the create path.
 
 This module is the loop: requests on the socket (fd given as argv[1]), reaper status pipes,
 reaping, and the kill rounds of trees being deleted. Events (``exit``, ``tree_exit``, naming
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 if TYPE_CHECKING or __package__:  # imported by the emulator's tests
+    from . import guest_agent
     from .guest_channel import NOTHING, SIGNAL_NAMES, Channel
     from .guest_files import OpError
     from .guest_members import descendants, freeze_and_kill, scan, send, unowned
@@ -41,6 +44,7 @@ if TYPE_CHECKING or __package__:  # imported by the emulator's tests
 else:  # run in the guest as a script: the helpers are bound next to it
     sys.dont_write_bytecode = True  # the folder is read-only
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import guest_agent
     from guest_channel import NOTHING, SIGNAL_NAMES, Channel
     from guest_files import OpError
     from guest_members import descendants, freeze_and_kill, scan, send, unowned
@@ -53,8 +57,9 @@ TREE_POLL_S = 0.05
 class Supervisor:
     """One selector loop: control requests, reaper status pipes, reaping and kill rounds."""
 
-    def __init__(self, ctrl: _socket.socket) -> None:
+    def __init__(self, ctrl: _socket.socket, agent: guest_agent.Agent | None = None) -> None:
         self.channel = Channel(ctrl)
+        self.agent = agent
         self.poller = select.epoll()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.trees: dict[int, Tree] = {}  # tree id -> tree, until its tree_exit is sent
@@ -68,14 +73,20 @@ class Supervisor:
         _signal.signal(_signal.SIGCHLD, lambda *_: None)
         self.poller.register(self.channel.fileno(), select.EPOLLIN)
         self.poller.register(self.wake_r, select.EPOLLIN)
+        if self.agent is not None:
+            self.poller.register(self.agent.fileno(), select.EPOLLIN)
         self.channel.send({"event": "ready", "pid": os.getpid()})
         while True:
-            polling = any(t.detached or t.deadline is not None for t in self.trees.values())
             try:
-                ready = self.poller.poll(TREE_POLL_S if polling else -1)
+                ready = self.poller.poll(self.timeout())
             except InterruptedError:
                 ready = []
+            if self.agent is not None:  # also drops its expired connections
+                for action, reason in self.agent.service():
+                    self.channel.send(guest_agent.event(action, reason))
             for fd, _ in ready:
+                if self.agent is not None and fd == self.agent.fileno():
+                    continue
                 if fd == self.wake_r:
                     try:
                         while os.read(self.wake_r, 4096):
@@ -104,6 +115,16 @@ class Supervisor:
         except OSError as exc:
             self.channel.fail(rid, "os", os.strerror(exc.errno or errno.EIO))
         return True
+
+    def timeout(self) -> float:
+        """How long the loop may sleep: kill rounds and agent connections have deadlines."""
+        waits = []
+        if any(t.detached or t.deadline is not None for t in self.trees.values()):
+            waits.append(TREE_POLL_S)
+        expiry = self.agent.timeout() if self.agent is not None else None
+        if expiry is not None:
+            waits.append(expiry)
+        return min(waits) if waits else -1
 
     # -- trees ----------------------------------------------------------------------------
     def reap(self) -> None:
@@ -195,7 +216,13 @@ def main() -> None:
     ctrl = _socket.socket(fileno=fd)
     ctrl.setblocking(True)
     os.chdir("/")
-    Supervisor(ctrl).run()
+    agent = None
+    if sys.argv[2:] == ["agent"]:
+        try:
+            agent = guest_agent.Agent.open()
+        except OSError as exc:  # logged to the sandbox's supervisor.log; the guest runs on
+            sys.stderr.write(f"guest agent: cannot listen on 127.0.0.1:1029: {exc}\n")
+    Supervisor(ctrl, agent).run()
 
 
 if __name__ == "__main__":

@@ -142,17 +142,13 @@ async def get_sandbox(ctx: Ctx) -> Response:
 
 async def delete_sandbox(ctx: Ctx) -> Response:
     sandbox = sandbox_of(ctx)
-    if sandbox.status == "destroyed":
-        return ok({"id": sandbox.id, "status": "destroyed"})
-    if sandbox.status == "destroying":
-        return ok({"id": sandbox.id, "status": "destroying"})
-    status = await ctx.core.destroy(sandbox)
+    status = await ctx.core.delete(sandbox)
     return ok({"id": sandbox.id, "status": status})
 
 
 async def pause(ctx: Ctx) -> Response:
     sandbox = sandbox_of(ctx)
-    if sandbox.status not in ("running", "paused"):
+    if not sandbox.can_pause:
         raise conflict(f"cannot pause a sandbox that is {sandbox.status}")
     status = await sandbox.pause()
     return ok(sandbox.view(), status, [("X-Poll-After", "1")] if status == 202 else None)
@@ -196,7 +192,7 @@ async def get_egress(ctx: Ctx) -> Response:
 
 async def put_egress(ctx: Ctx) -> Response:
     """Swap the stored list (any live state). The network mode chosen at create or fork stays:
-    a restricted sandbox stays loopback-only, an allow-all one keeps the host network."""
+    a restricted sandbox stays loopback-only, an allow-all one keeps its user-mode network."""
     sandbox = sandbox_of(ctx)
     body = await json_body(ctx)
     if "egress" not in body:

@@ -28,6 +28,7 @@ from .processes import ManagedProcess, StdinWriter
 from .sandbox_fs import SandboxFiles
 from .sandbox_spec import SandboxSpec
 from .settings import Settings
+from .usernet import HOST, USER_MODE, UserNet, write_resolv_conf
 
 log = logging.getLogger("provider.emulator")
 
@@ -43,7 +44,7 @@ class GuestHost:
         files: SandboxFiles,
         runtime: GuestRuntime,
         settings: Settings,
-        isolated_net: bool,
+        network: str,
         on_activity: Callable[[], None],
     ) -> None:
         self.id = sandbox_id
@@ -51,8 +52,10 @@ class GuestHost:
         self.files = files
         self.runtime = runtime
         self.settings = settings
-        # Own network namespace (loopback only): decided at create or fork, never changed.
-        self.isolated_net = isolated_net
+        # usernet.USER_MODE, LOOPBACK_ONLY or HOST: decided at create or fork, never changed.
+        self.network = network
+        # Set by the core: what a guest agent request (action, reason) does.
+        self.on_self: Callable[[str, str], None] | None = None
         self.spawn_ms = 0
         self.guest: Guest | None = None
         self.processes: dict[str, ManagedProcess] = {}
@@ -78,8 +81,10 @@ class GuestHost:
         try:
             self._check_open()
             await anyio.to_thread.run_sync(self.files.prepare)
+            if self.network == USER_MODE:
+                await anyio.to_thread.run_sync(write_resolv_conf, self.files.etc_dir)
             self._check_open()
-            guest = Guest(self.runtime)
+            guest = Guest(self.runtime, self._self_request)
             self.guest = guest
             await guest.start(
                 tg,
@@ -88,11 +93,18 @@ class GuestHost:
                 supervisor=supervisor,
                 hostname=self.spec.name,
                 log_path=self.files.state_dir / "supervisor.log",
-                unshare_net=self.isolated_net,
+                unshare_net=self.network != HOST,
+                guest_agent=self.settings.guest_agent and self.network != HOST,
                 image_mounts=mounts,
             )
+            if self.network == USER_MODE:  # a failure ends the boot: the guest is then killed
+                guest.usernet = await UserNet.attach(guest.host_pid, self.files.state_dir)
         finally:
             self.files.release()
+
+    def _self_request(self, action: str, reason: str) -> None:
+        if self.on_self is not None:
+            self.on_self(action, reason)
 
     def _check_open(self) -> None:
         if self.closed:

@@ -4,7 +4,7 @@
 it from a request and :class:`~.sandboxes.Sandbox` keeps it for its life (PATCH and ``PUT
 /egress`` change a few fields in place). The status tuples name which states count as live and
 which are transitional. :func:`egress_restricts` decides, from the egress list at create or fork,
-whether the sandbox gets its own loopback-only network namespace (README, Egress).
+whether the sandbox's network namespace is loopback-only (else user-mode: ``usernet.py``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from .sandbox_guest import GuestHost, guarded
 from .sandbox_idle import IdleTimer
 from .sandbox_spec import LIVE, SandboxSpec
 from .settings import Settings
+from .usernet import LOOPBACK_ONLY
 
 
 class Sandbox(GuestHost):
@@ -43,7 +44,7 @@ class Sandbox(GuestHost):
         runtime: GuestRuntime,
         settings: Settings,
         forked_from: str | None = None,
-        isolated_net: bool = False,
+        network: str = LOOPBACK_ONLY,
     ) -> None:
         sandbox_id = new_id("sb_")
         files = SandboxFiles(state_root / sandbox_id, hostname=spec.name, uid=runtime.drop_to_uid)
@@ -53,7 +54,7 @@ class Sandbox(GuestHost):
             files=files,
             runtime=runtime,
             settings=settings,
-            isolated_net=isolated_net,
+            network=network,
             on_activity=self.touch,
         )
         self.owner = owner
@@ -77,6 +78,11 @@ class Sandbox(GuestHost):
     @property
     def live(self) -> bool:
         return self.status in LIVE
+
+    @property
+    def can_pause(self) -> bool:
+        """A pause is accepted (else 409): running, or already paused."""
+        return self.status in ("running", "paused")
 
     # -- views --------------------------------------------------------------------------
     def view(self, *, reader: bool = False) -> dict[str, Any]:

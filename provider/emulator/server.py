@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -24,10 +25,12 @@ from .hostscan import scan_host
 from .http import HTTPServer
 from .images import ImageCatalog
 from .router import Router, internal_error
+from .usernet import find_slirp4netns, missing_warning
 
 SUPERVISOR_SOURCE = Path(__file__).with_name("guest_supervisor.py")
 # The supervisor's helper modules, copied next to it under their own names.
 GUEST_HELPERS = (
+    "guest_agent.py",
     "guest_channel.py",
     "guest_files.py",
     "guest_members.py",
@@ -35,6 +38,7 @@ GUEST_HELPERS = (
     "guest_trees.py",
 )
 TEMP_PREFIX = "createos-emulator-"
+log = logging.getLogger("provider.emulator")
 OWNER_FILE = "owner"
 
 
@@ -100,6 +104,8 @@ class Emulator:
 
     async def __aenter__(self) -> Emulator:
         runtime = await anyio.to_thread.run_sync(probe_runtime)
+        if not self._unshare_net and await anyio.to_thread.run_sync(find_slirp4netns) is None:
+            log.warning("%s", missing_warning())
         data_dir = await anyio.to_thread.run_sync(self._prepare_data_dir)
         try:
             await anyio.to_thread.run_sync(check_reachable, data_dir, runtime)
@@ -185,8 +191,10 @@ class Emulator:
             self._owned_dir = None
 
     def leaked_host_pids(self) -> list[int]:
-        """Host pids still alive in any PID namespace this emulator ever created."""
+        """Host pids still alive in any PID namespace this emulator ever created, and every
+        slirp4netns it started that still runs."""
         if self.core is None:
             return []
         found = scan_host(self.core.namespaces())
-        return sorted(p.host_pid for members in found.values() for p in members)
+        helpers = [g.usernet.pid for g in self.core.guests if g.usernet and g.usernet.running]
+        return sorted([p.host_pid for members in found.values() for p in members] + helpers)

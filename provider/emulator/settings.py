@@ -40,6 +40,7 @@ class Settings:
     no_credit: bool = False  # answer 402 to create, resume and fork
     exec_stream: bool = True  # false: an "older server", /exec?stream=true answers 404
     max_exec_body_bytes: int = 4 << 20  # the largest exec JSON body accepted (else 413)
+    guest_agent: bool = True  # false: sandboxes booted from now on get no 127.0.0.1:1029
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -38,7 +38,7 @@ def write_tar(path: Path, items: list[Member], fmt: int = tarfile.PAX_FORMAT) ->
     return path
 
 
-# Archives the validation refuses whole (spec 5.7), after a harmless first member.
+# Archives the validation refuses whole (docs/protocol.md 5.7), after a harmless first member.
 HOSTILE = {
     "absolute": [entry("/etc/evil", data=b"x")],
     "dot-dot": [entry("a/../../evil", data=b"x")],

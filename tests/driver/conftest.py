@@ -94,7 +94,7 @@ class Harness:
 
     async def acquire(self, *, workspace: bool = True, **config_overrides: Any) -> dict[str, Any]:
         params = self.acquire_params(workspace=workspace, **config_overrides)
-        lease = await self.methods.acquire(params)
+        lease: dict[str, Any] = await self.methods.acquire(params)
         await self.settle()
         return lease
 

@@ -28,7 +28,7 @@ async def answered(reply: Any) -> dict[str, Any]:
 async def open_channel(
     h: Harness, lease: dict[str, Any], command: list[str], route: str = "duplex-route-1"
 ) -> str:
-    reply = await h.methods.channels.open(open_params(h, lease, route, command=command))
+    reply = await h.methods.channel_open(open_params(h, lease, route, command=command))
     result = await answered(reply)
     assert result["hostRouteId"] == route
     session_id = result["workerSessionId"]
@@ -37,7 +37,7 @@ async def open_channel(
 
 
 async def write(h: Harness, route: str, session_id: str, data: bytes) -> None:
-    await h.methods.channels.write(
+    await h.methods.channel_write(
         {
             "hostRouteId": route,
             "workerSessionId": session_id,

@@ -23,7 +23,7 @@ SETUP_FILE = "/paperclip-workspace/setup.txt"
 MARKER_PATH = "/paperclip-workspace/.paperclip-runtime/.paperclip-createos-lease"
 
 
-# -- the host's redaction of setup and template metadata (host-protocol.md 10.4) -------------
+# -- the host's redaction of setup and template metadata (docs/protocol.md H10.4) -------------
 
 # A port of redactEnvironmentCustomImageValue (@paperclipai/shared, environment-custom-images.js).
 _SENSITIVE_KEYS = [
@@ -191,13 +191,15 @@ def session_params(h: Harness, session: dict[str, Any], **extra: Any) -> dict[st
 
 
 async def start(h: Harness, **kwargs: Any) -> dict[str, Any]:
-    return await h.methods.start_setup(start_params(h, **kwargs))
+    session: dict[str, Any] = await h.methods.start_setup(start_params(h, **kwargs))
+    return session
 
 
 async def capture(h: Harness, session: dict[str, Any]) -> dict[str, Any]:
-    return await h.methods.capture_template(
+    template: dict[str, Any] = await h.methods.capture_template(
         session_params(h, session, templateLabel="paperclip-env-1-abcd", timeoutMs=60_000)
     )
+    return template
 
 
 async def template(h: Harness) -> tuple[str, dict[str, Any]]:

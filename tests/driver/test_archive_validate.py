@@ -1,4 +1,5 @@
-"""Validation (spec 5.7) and extraction of archives coming from the sandbox, with crafted tars."""
+"""Validation (docs/protocol.md 5.7) and extraction of archives coming from the sandbox, with
+crafted tars."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Duplex channels against the emulator: real processes, real streams, scripted faults
-(provider-behavior.md 7, checklist 75-79)."""
+(docs/protocol.md 7, checklist 75-79)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ async def test_cat_echoes_bytes_exactly_and_stderr_only_reaches_the_log(harness:
     await until(lambda: any("to-stderr" in message for _, message in h.logs))
     assert all(level == "warn" for level, m in h.logs if "to-stderr" in m)
     assert b"to-stderr" not in channel_bytes(h, ROUTE)
-    answer = await h.methods.channels.close({"hostRouteId": ROUTE})
+    answer = await h.methods.channel_close({"hostRouteId": ROUTE})
     assert answer == {"hostRouteId": ROUTE, "workerSessionId": session}
 
 
@@ -66,21 +66,21 @@ async def test_writes_are_split_at_256_kib_in_order_and_bad_base64_is_refused(
     await write(h, ROUTE, session, big)
     assert len(await inputs(h)) == before + 4
     with pytest.raises(InvalidParams, match="base64"):
-        await h.methods.channels.write(
+        await h.methods.channel_write(
             {"hostRouteId": ROUTE, "workerSessionId": session, "data": "abc"}
         )
     with pytest.raises(InvalidParams, match="base64"):
-        await h.methods.channels.write(
+        await h.methods.channel_write(
             {"hostRouteId": ROUTE, "workerSessionId": session, "data": "YWJj\n"}
         )
-    await h.methods.channels.write({"hostRouteId": ROUTE, "workerSessionId": session, "data": ""})
+    await h.methods.channel_write({"hostRouteId": ROUTE, "workerSessionId": session, "data": ""})
     await write(h, ROUTE, session, b"after")
     await until(lambda: channel_bytes(h, ROUTE) == host_max + big + b"after")
     with pytest.raises(RequestRefused):
         await write(h, ROUTE, "duplex-someone-else", b"x")
     with pytest.raises(RequestRefused):
         await write(h, "duplex-route-9", session, b"x")
-    await h.methods.channels.close({"hostRouteId": ROUTE})
+    await h.methods.channel_close({"hostRouteId": ROUTE})
 
 
 async def test_exit_follows_the_last_data_chunk_with_the_exit_code(harness: Harness) -> None:
@@ -120,7 +120,7 @@ async def test_close_closes_stdin_stops_the_child_and_answers_the_pair(harness: 
     h = harness
     lease = await h.acquire()
     session = await open_channel(h, lease, ["bash", "-c", "trap '' TERM; cat; sleep 1000"])
-    answer = await h.methods.channels.close({"hostRouteId": ROUTE})
+    answer = await h.methods.channel_close({"hostRouteId": ROUTE})
     assert answer == {"hostRouteId": ROUTE, "workerSessionId": session}
     paths = [r["path"] for r in await h.emulator.admin.requests()]
     assert any(p.endswith("/stdin/close") for p in paths)
@@ -128,16 +128,16 @@ async def test_close_closes_stdin_stops_the_child_and_answers_the_pair(harness: 
     assert exit_note["exitCode"] is None
     assert await h.emulator.admin.live_process_count() == 0
     # again, and for a route whose child exited on its own, and one never bound
-    assert await h.methods.channels.close({"hostRouteId": ROUTE}) == answer
+    assert await h.methods.channel_close({"hostRouteId": ROUTE}) == answer
     other = await open_channel(h, lease, ["true"], route="duplex-route-2")
     await until(lambda: bool(notes(h, "duplexChannel.exit", "duplex-route-2")))
     count = await h.request_count()
-    assert await h.methods.channels.close({"hostRouteId": "duplex-route-2"}) == {
+    assert await h.methods.channel_close({"hostRouteId": "duplex-route-2"}) == {
         "hostRouteId": "duplex-route-2",
         "workerSessionId": other,
     }
     assert await h.request_count() == count  # nothing left to close or kill
-    assert await h.methods.channels.close({"hostRouteId": "duplex-route-77"}) == {
+    assert await h.methods.channel_close({"hostRouteId": "duplex-route-77"}) == {
         "hostRouteId": "duplex-route-77"
     }
 
@@ -153,7 +153,7 @@ async def test_stop_is_one_confirmed_delete_that_terms_first_and_later_stops_do_
     session = await open_channel(h, lease, ["bash", "-c", trap])
     pair = {"hostRouteId": ROUTE, "workerSessionId": session}
     before = await h.request_count()
-    await h.methods.channels.stop(pair)
+    await h.methods.channel_stop(pair)
     stop_calls = [
         (r["method"], r["path"].rsplit("/", 1)[-1], r["query"])
         for r in (await h.emulator.admin.requests())[before:]
@@ -167,7 +167,7 @@ async def test_stop_is_one_confirmed_delete_that_terms_first_and_later_stops_do_
     (exit_note,) = notes(h, "duplexChannel.exit", ROUTE)
     assert exit_note["exitCode"] is None
     count = await h.request_count()
-    await h.methods.channels.stop(pair)
+    await h.methods.channel_stop(pair)
     for _ in range(50):  # a flood of writes after the stop: each refused, nothing sent
         with pytest.raises(RequestRefused):
             await write(h, ROUTE, session, b"late")
@@ -179,7 +179,7 @@ async def test_nothing_is_sent_for_a_channel_before_its_open_is_answered(
 ) -> None:
     h = harness
     lease = await h.acquire()
-    reply = await h.methods.channels.open(
+    reply = await h.methods.channel_open(
         open_params(h, lease, ROUTE, command=["bash", "-c", "printf early; exit 4"])
     )
     await anyio.sleep(1.0)  # the test: the process has long exited, yet nothing precedes the answer
@@ -198,7 +198,7 @@ async def test_an_open_whose_answer_was_not_sent_is_stopped_and_never_announced(
     alone (a pair the host does not know would make it kill the worker)."""
     h = harness
     lease = await h.acquire()
-    reply = await h.methods.channels.open(
+    reply = await h.methods.channel_open(
         open_params(h, lease, ROUTE, command=["bash", "-c", "printf early; exec cat"])
     )
     assert isinstance(reply, AfterReply)
@@ -206,7 +206,7 @@ async def test_an_open_whose_answer_was_not_sent_is_stopped_and_never_announced(
     reply.written(False)
     await until(lambda: not any(True for _ in h.methods.interactive.table))
     assert await h.emulator.admin.live_process_count() == 0
-    assert await h.methods.channels.close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
+    assert await h.methods.channel_close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
     await anyio.sleep(0.3)  # the test: time passes and nothing names the route
     assert not [p for _, p in h.notifications if p.get("hostRouteId") == ROUTE]
 
@@ -226,7 +226,7 @@ async def test_release_closes_the_channel_before_deleting_the_sandbox(harness: H
     delete = max(i for i, (m, p) in enumerate(methods) if m == "DELETE" and "/processes" not in p)
     assert kill < delete
     with pytest.raises(RequestRefused, match="no such lease"):
-        await h.methods.channels.open(open_params(h, lease, "duplex-route-2", command=["cat"]))
+        await h.methods.channel_open(open_params(h, lease, "duplex-route-2", command=["cat"]))
 
 
 async def test_an_unconfirmed_stop_refuses_a_reuse_release_and_destroy_still_deletes(
@@ -258,7 +258,7 @@ async def test_a_close_racing_the_open_cancels_it_and_leaves_nothing(harness: Ha
 
     async def opener() -> None:
         try:
-            await h.methods.channels.open(open_params(h, lease, ROUTE, command=["cat"]))
+            await h.methods.channel_open(open_params(h, lease, ROUTE, command=["cat"]))
         except ProviderError as exc:
             failures.append(exc)
 
@@ -269,7 +269,7 @@ async def test_a_close_racing_the_open_cancels_it_and_leaves_nothing(harness: Ha
         group.start_soon(opener)
         await until(lambda: any(True for _ in h.methods.interactive.table))
         await wait_until(started)  # the process runs; its output's connect is held
-        assert await h.methods.channels.close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
+        assert await h.methods.channel_close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
     assert len(failures) == 1 and isinstance(failures[0], OperationCancelled)
     assert await h.emulator.admin.live_process_count() == 0
     assert not [p for _, p in h.notifications if p.get("hostRouteId") == ROUTE]
@@ -294,7 +294,7 @@ async def test_bad_commands_are_refused_before_any_request(
     lease = await h.acquire()
     count = await h.request_count()
     with pytest.raises(InvalidParams, match=message):
-        await h.methods.channels.open(open_params(h, lease, ROUTE, command=command))
+        await h.methods.channel_open(open_params(h, lease, ROUTE, command=command))
     assert await h.request_count() == count
 
 
@@ -321,11 +321,11 @@ async def test_opens_on_unknown_leases_bad_drivers_and_busy_routes_are_refused(
     ]
     for params, message in cases:
         with pytest.raises(RequestRefused, match=message):
-            await h.methods.channels.open(params)
+            await h.methods.channel_open(params)
     with pytest.raises(InvalidParams):
-        await h.methods.channels.open({**open_params(h, lease, "r2"), "command": "cat"})
+        await h.methods.channel_open({**open_params(h, lease, "r2"), "command": "cat"})
     assert await h.request_count() == count
-    await h.methods.channels.close({"hostRouteId": ROUTE})
+    await h.methods.channel_close({"hostRouteId": ROUTE})
 
 
 async def test_oversized_writes_are_refused_and_100_malformed_ones_stop_the_channel(
@@ -340,12 +340,12 @@ async def test_oversized_writes_are_refused_and_100_malformed_ones_stop_the_chan
     await until(lambda: channel_bytes(h, ROUTE) == b"still up")
     for _ in range(99):
         with pytest.raises(InvalidParams, match="base64"):
-            await h.methods.channels.write(
+            await h.methods.channel_write(
                 {"hostRouteId": ROUTE, "workerSessionId": session, "data": "%%%%"}
             )
     assert not notes(h, "duplexChannel.exit", ROUTE)
     with pytest.raises(InvalidParams, match="stopped"):
-        await h.methods.channels.write(
+        await h.methods.channel_write(
             {"hostRouteId": ROUTE, "workerSessionId": session, "data": "%%%%"}
         )
     assert notes(h, "duplexChannel.exit", ROUTE)[0]["exitCode"] is None
@@ -367,11 +367,11 @@ async def test_a_worker_that_never_saw_the_lease_refuses_to_open_on_it(harness: 
     fresh = DriverService(h.methods.runtime, notify=ignore, log=ignore)
     count = await h.request_count()
     with pytest.raises(RequestRefused, match="restarted"):
-        await fresh.channels.open(open_params(h, lease, ROUTE, command=["cat"]))
+        await fresh.channel_open(open_params(h, lease, ROUTE, command=["cat"]))
     assert await h.request_count() == count
     await fresh.execute({**h.with_lease(lease), "command": "true"})  # an owned call registers
-    await answered(await fresh.channels.open(open_params(h, lease, ROUTE, command=["cat"])))
-    await fresh.channels.close({"hostRouteId": ROUTE})
+    await answered(await fresh.channel_open(open_params(h, lease, ROUTE, command=["cat"])))
+    await fresh.channel_close({"hostRouteId": ROUTE})
 
 
 async def test_writes_queued_behind_an_input_in_flight_go_out_together_in_order(
@@ -391,7 +391,7 @@ async def test_writes_queued_behind_an_input_in_flight_go_out_together_in_order(
             await anyio.sleep(0.05)  # each write arrives while the first is still in flight
     await until(lambda: channel_bytes(h, ROUTE) == b"".join(pieces))
     assert len(await inputs(h)) - before == 2
-    await h.methods.channels.close({"hostRouteId": ROUTE})
+    await h.methods.channel_close({"hostRouteId": ROUTE})
 
 
 async def test_a_failed_input_fails_every_write_it_carried_and_ends_the_channel(

@@ -221,5 +221,5 @@ async def test_a_finished_command_gives_its_connection_back(harness: Harness) ->
                 client, lease["providerLeaseId"], CommandSpec("true"), on_output=None,
                 cleanup_timeout=10,
             )  # fmt: skip
-            assert result["exitCode"] == 0
+            assert result.exit_code == 0
         assert closed_connections_to(port) == before

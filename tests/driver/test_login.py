@@ -1,4 +1,4 @@
-"""Login terminals against the emulator: a fake agent CLI in a real PTY (provider-behavior.md 6,
+"""Login terminals against the emulator: a fake agent CLI in a real PTY (docs/protocol.md 6,
 checklist 70-74)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def open_login(
     session_home: str | None = None,
     route: str = ROUTE,
 ) -> str:
-    reply = await h.methods.login.open(
+    reply = await h.methods.login_open(
         open_params(h, lease, route, loginCommandKey=key, sessionHome=session_home or home())
     )
     result = await answered(reply)
@@ -113,7 +113,7 @@ async def test_codex_login_runs_in_a_120x30_terminal_with_the_session_home(
 async def test_a_missing_program_exits_127_after_its_output(harness: Harness) -> None:
     h = harness
     lease = await h.acquire(workspace=False)
-    reply = await h.methods.login.open(
+    reply = await h.methods.login_open(
         open_params(h, lease, ROUTE, loginCommandKey="grok", sessionHome=home())
     )
     await anyio.sleep(0.8)  # the shell has long exited: nothing may precede the answer
@@ -145,7 +145,7 @@ async def test_long_input_is_three_ordered_requests_and_inputs_never_interleave(
     async with anyio.create_task_group() as group:
         for letter in "ab":
             group.start_soon(
-                h.methods.login.input, {"workerSessionId": session, "data": letter * size}
+                h.methods.login_input, {"workerSessionId": session, "data": letter * size}
             )
     inputs = [
         r for r in (await h.emulator.admin.requests())[before:] if r["path"].endswith("/input")
@@ -178,19 +178,19 @@ async def test_stop_close_and_release_end_the_terminal(harness: Harness) -> None
     session = await open_login(h, lease)
     await until(lambda: "ready" in output(h))
     before = await h.request_count()
-    await h.methods.login.stop({"workerSessionId": session})
+    await h.methods.login_stop({"workerSessionId": session})
     calls = [(r["method"], r["query"]) for r in (await h.emulator.admin.requests())[before:]]
     assert len(calls) == 1 and calls[0][0] == "DELETE" and "grace_ms=1000" in calls[0][1]
     assert notes(h, "loginPty.exit", ROUTE)[0]["exitCode"] is None
     with pytest.raises(RequestRefused):
-        await h.methods.login.input({"workerSessionId": session, "data": "late"})
+        await h.methods.login_input({"workerSessionId": session, "data": "late"})
     for route in (ROUTE, ROUTE, "never-seen"):  # ended, repeated and unknown
-        assert await h.methods.login.close({"hostRouteId": route}) == {"hostRouteId": route}
+        assert await h.methods.login_close({"hostRouteId": route}) == {"hostRouteId": route}
     # a live terminal closed, and one ended by the release of its lease
     second = "7d1f3c9e-0000-4000-8000-000000000002"
     await open_login(h, lease, route=second)
     await until(lambda: "ready" in output(h, second))
-    assert await h.methods.login.close({"hostRouteId": second}) == {"hostRouteId": second}
+    assert await h.methods.login_close({"hostRouteId": second}) == {"hostRouteId": second}
     assert notes(h, "loginPty.exit", second)[0]["exitCode"] is None
     third = "7d1f3c9e-0000-4000-8000-000000000003"
     await open_login(h, lease, route=third)
@@ -216,7 +216,7 @@ async def test_an_unconfirmed_close_is_still_acknowledged_and_poisons_the_lease(
     await open_login(h, lease)
     await until(lambda: "ready" in output(h))
     await h.emulator.admin.add_fault("DELETE", r"/processes/[^/]+$", status=503, times=20)
-    assert await h.methods.login.close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
+    assert await h.methods.login_close({"hostRouteId": ROUTE}) == {"hostRouteId": ROUTE}
     with pytest.raises(RequestRefused, match=r"(?i)destroy"):
         await h.methods.execute({**h.with_lease(lease), "command": "true"})
     await h.emulator.admin.clear_faults()
@@ -248,7 +248,7 @@ async def test_bad_opens_are_refused_before_any_request(
     count = await h.request_count()
     params = {**open_params(h, lease, ROUTE, loginCommandKey="codex", sessionHome=home()), **change}
     with pytest.raises(RequestRefused, match=message):
-        await h.methods.login.open(params)
+        await h.methods.login_open(params)
     assert await h.request_count() == count
 
 

@@ -1,5 +1,5 @@
 """Egress, rootfs per adapter and the warm window through the real driver on the emulator
-(provider-behavior.md 2.9-2.11, checklist 61-64, 66-67)."""
+(docs/protocol.md 2.9-2.11, checklist 61-64, 66-67)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ async def acquire(h: Harness, *, settings: Any = None, **config: Any) -> dict[st
     params = h.acquire_params(**config)
     if settings is not None:
         params["executionWorkspaceSettings"] = settings
-    lease = await h.methods.acquire(params)
+    lease: dict[str, Any] = await h.methods.acquire(params)
     await h.settle()
     return lease
 

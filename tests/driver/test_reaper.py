@@ -1,4 +1,4 @@
-"""Reuse and the reaper against the emulator (provider-behavior.md 2.10.1, 2.3.3, 2.13).
+"""Reuse and the reaper against the emulator (docs/protocol.md 2.10.1, 2.3.3, 2.13).
 
 Checklist 66 and 91-94: only leases of an execution workspace are kept, every create carries
 the scope tag, and the sweep after a reusable acquire or a kept release deletes this

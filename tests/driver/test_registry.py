@@ -1,4 +1,4 @@
-"""The lease registry (provider-behavior.md 2.12), as a plain mapping (unit)."""
+"""The lease registry (docs/protocol.md 2.12), as a plain mapping (unit)."""
 
 from __future__ import annotations
 

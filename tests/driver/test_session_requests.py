@@ -53,7 +53,7 @@ async def test_a_channel_opens_in_three_requests_writes_in_one_and_closes_in_two
     assert await calls_since(h, before) == [("POST", "input")]
     # a child that outlives its stdin's EOF (as the host's gateway does, it keeps serving)
     before = await h.request_count()
-    answer = await h.methods.channels.close({"hostRouteId": ROUTE})
+    answer = await h.methods.channel_close({"hostRouteId": ROUTE})
     assert answer == {"hostRouteId": ROUTE, "workerSessionId": session}
     (close_stdin, kill) = await calls_since(h, before)
     assert close_stdin == ("POST", "close") and kill[0] == "DELETE" and is_process(kill[1])
@@ -77,7 +77,7 @@ async def test_a_child_that_floods_from_its_first_instant_loses_nothing(
     await until(lambda: len(channel_bytes(h, ROUTE)) >= len(expected), timeout=60)
     got = channel_bytes(h, ROUTE)
     assert hashlib.sha256(got).digest() == hashlib.sha256(expected).digest()
-    await h.methods.channels.close({"hostRouteId": ROUTE})
+    await h.methods.channel_close({"hostRouteId": ROUTE})
 
 
 async def test_a_session_home_that_cannot_be_made_is_shown_and_exits_125_before_the_cli(

@@ -3,7 +3,7 @@ attach helper named by the session's ``connectionPayload.command`` in a real pse
 and prepares a file by typing, then the session is captured (the sandbox, paused with no
 process left, *is* the template), the host's ``promoted`` cancel sends nothing, a lease of the
 bound environment forks the template and finds the file, and the template is deleted
-(provider-behavior.md 8, host-protocol.md 10.4)."""
+(docs/protocol.md 8, docs/protocol.md H10.4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Interactive setup sessions through the real driver on the emulator (provider-behavior.md 8,
+"""Interactive setup sessions through the real driver on the emulator (docs/protocol.md 8,
 checklist 81 and 84), and the host's redaction rules applied to our setup and capture metadata
-(host-protocol.md 10.4)."""
+(docs/protocol.md H10.4)."""
 
 from __future__ import annotations
 

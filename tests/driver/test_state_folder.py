@@ -69,7 +69,7 @@ def test_state_roots_in_order() -> None:
         package_state,
     ]
     # No HOME (the host gives the worker none): the account's home, outside the package folder
-    # that an upgrade replaces. A relative XDG_STATE_HOME is ignored, as the spec says.
+    # that an upgrade replaces. A relative XDG_STATE_HOME is ignored, as docs/protocol.md says.
     account_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
     assert state_roots({})[0] == account_home / ".local/state/paperclip-createos"
     assert state_roots({"XDG_STATE_HOME": "relative", "HOME": "/h"})[0] == Path(

@@ -1,5 +1,5 @@
 """Template capture, leases forked from a template and template delete through the real driver on
-the emulator (provider-behavior.md 8.3-8.4, checklist 82 without the attach helper, 83 and 85)."""
+the emulator (docs/protocol.md 8.3-8.4, checklist 82 without the attach helper, 83 and 85)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Warm reuse through the emulator's idle pause, keepalive reads, and concurrent syncs on one
-lease (provider-behavior.md 2.10, 5.10; checklist 65, 68, 69)."""
+lease (docs/protocol.md 2.10, 5.10; checklist 65, 68, 69)."""
 
 from __future__ import annotations
 

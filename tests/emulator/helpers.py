@@ -16,7 +16,10 @@ import pytest
 from anyio.abc import SocketAttribute
 
 from provider.emulator import Emulator
+from provider.emulator.usernet import HOST, HOST_ADDRESS, USER_MODE, find_slirp4netns
 
+# The network mode of an allow-all sandbox on this host (see provider/emulator/usernet.py).
+OPEN_NETWORK = USER_MODE if find_slirp4netns() is not None else HOST
 KEY = "test-key"
 OTHER_KEY = "other-key"
 
@@ -150,18 +153,20 @@ async def host_listener() -> AsyncIterator[int]:
 
 
 async def reaches_host(client: httpx.AsyncClient, sandbox_id: str, port: int) -> bool:
-    """Whether the sandbox can open a TCP connection to ``127.0.0.1:port`` on the host (and
-    read the listener's greeting)."""
+    """Whether the sandbox can open a TCP connection to the host's ``127.0.0.1:port`` (and
+    read the listener's greeting): at 10.0.2.2 from a user-mode sandbox, at 127.0.0.1 from one
+    on the host network (the first answer that greets wins)."""
     script = (
-        f"timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && read -r line <&3 && "
-        'echo "got $line"\' 2>/dev/null'
+        f"for address in {HOST_ADDRESS} 127.0.0.1; do timeout 5 bash -c "
+        f"'exec 3<>/dev/tcp/'$address'/{port} && read -r line <&3 && "
+        'echo "got $line"\' 2>/dev/null && break; done'
     )
     result = await sh(client, sandbox_id, script)
     return bool(result["stdout"] == "got hello\n")
 
 
 async def network_mode(emu: Emulator, sandbox_id: str) -> str:
-    """``loopback-only`` or ``host``, as the admin state reports it."""
+    """``user-mode``, ``loopback-only`` or ``host``, as the admin state reports it."""
     for row in (await emu.admin.state())["sandboxes"]:
         if row["id"] == sandbox_id:
             return str(row["network"])

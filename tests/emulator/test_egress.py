@@ -11,6 +11,7 @@ from provider.egress_rules import ACCEPTED_FORMS
 from provider.emulator import Emulator
 
 from .helpers import (
+    OPEN_NETWORK,
     api,
     create_sandbox,
     data,
@@ -39,7 +40,7 @@ async def test_checklist_87_restricted_sandbox_cannot_reach_the_host(emulator: E
         assert await network_mode(emulator, restricted) == "loopback-only"
         for sandbox_id in open_ids:
             assert await reaches_host(client, sandbox_id, port), sandbox_id
-            assert await network_mode(emulator, sandbox_id) == "host"
+            assert await network_mode(emulator, sandbox_id) == OPEN_NETWORK
         # Loopback inside the restricted sandbox still works (its own).
         own = await sh(
             client,

@@ -14,6 +14,7 @@ from provider.emulator import Emulator
 from tests.waiting import wait_until
 
 from .helpers import (
+    OPEN_NETWORK,
     api,
     create_sandbox,
     data,
@@ -177,9 +178,9 @@ async def test_fork_egress_inheritance_and_network_mode(emulator: Emulator) -> N
             (restricted, {}, ["example.com"], "loopback-only"),
             (restricted, {"egress": []}, ["example.com"], "loopback-only"),
             (restricted, {"egress": None}, ["example.com"], "loopback-only"),
-            (restricted, {"egress": ["*"]}, ["*"], "host"),
+            (restricted, {"egress": ["*"]}, ["*"], OPEN_NETWORK),
             (restricted, {"egress": ["API.github.com"]}, ["api.github.com"], "loopback-only"),
-            (open_source, {}, [], "host"),
+            (open_source, {}, [], OPEN_NETWORK),
             (open_source, {"egress": ["example.com"]}, ["example.com"], "loopback-only"),
         ]
         for source, body, egress, mode in cases:
@@ -189,7 +190,7 @@ async def test_fork_egress_inheritance_and_network_mode(emulator: Emulator) -> N
             got = data(await client.get(f"/v1/sandboxes/{forked['id']}/egress"))
             assert got["egress"] == egress
             assert await network_mode(emulator, forked["id"]) == mode
-            assert await reaches_host(client, forked["id"], port) is (mode == "host"), body
+            assert await reaches_host(client, forked["id"], port) is (mode == OPEN_NETWORK), body
             await client.delete(f"/v1/sandboxes/{forked['id']}")
         # A restricted fork stays restricted across its own pause, resume and fork.
         child = await _fork(client, restricted)

@@ -1,4 +1,4 @@
-"""The bash text of a streamed command (provider-behavior.md 3.9): its wrapper and its kill.
+"""The bash text of a streamed command (docs/protocol.md 3.9): its wrapper and its kill.
 
 A command runs as one ``POST /exec?stream=true`` of ``/usr/bin/env PAPERCLIP_CMD=<token>
 /bin/bash -lc <wrapper>``. The token is in the environment of the wrapper and of everything the

@@ -2,30 +2,28 @@
 
 :func:`run_command` checks the command before any request (3.1, and the size bounds of
 :mod:`provider.driver.commands.command_size`), then runs it as one streaming exec
-(:mod:`provider.driver.commands.streamed`, provider-behavior.md 3.9: 1 request, 2 with staged
+(:mod:`provider.driver.commands.streamed`, docs/protocol.md 3.9: 1 request, 2 with staged
 stdin). An origin whose exec stream answers 404 (an older CreateOS) runs commands as managed
 processes from then on (:mod:`provider.driver.commands.managed_command`, 3.3), with one log line.
-Both paths give the same guarantees and the same result: ``exitCode`` (None with ``signal`` when a
-signal ended the command), ``timedOut``, ``stdout`` and ``stderr`` (bounded tails), ``metadata``;
-what they cannot confirm raises :class:`~provider.errors.CleanupUnconfirmed`.
+Both paths give the same guarantees and the same
+:class:`~provider.driver.commands.command_types.CommandResult`; what they cannot confirm raises
+:class:`~provider.errors.CleanupUnconfirmed`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from provider.createos.client import CreateOSClient
 from provider.createos.exec_stream import ExecStreamUnsupported, exec_stream_supported
 from provider.driver.commands.command_size import check_script
-from provider.driver.commands.managed_command import (
-    LARGE_DATA_HINT,
+from provider.driver.commands.command_types import (
+    CommandResult,
+    CommandSpec,
+    LogSink,
     ProcessRecord,
-    prepare_managed,
-    run_managed,
 )
+from provider.driver.commands.managed_command import LARGE_DATA_HINT, prepare_managed, run_managed
 from provider.driver.commands.output import OutputSink
 from provider.driver.commands.sandbox_text import validate_env
 from provider.driver.commands.streamed import StreamPlan, plan_stream, run_streamed
@@ -33,6 +31,7 @@ from provider.driver.core.budget import CleanupBound, as_bound
 from provider.errors import InvalidParams
 
 __all__ = [
+    "CommandResult",
     "CommandSpec",
     "LogSink",
     "OutputSink",
@@ -44,18 +43,7 @@ __all__ = [
     "timeout_seconds",
 ]
 
-LogSink = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
 MAX_TIMEOUT_MS = 86_400_000
-
-
-@dataclass(frozen=True)
-class CommandSpec:
-    command: str
-    args: Sequence[str] = ()
-    cwd: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    stdin: str | None = None
-    timeout: float = 300.0
 
 
 def check_command(spec: CommandSpec) -> None:
@@ -103,7 +91,7 @@ async def run_command(
     cleanup_timeout: CleanupBound | float,
     record: ProcessRecord | None = None,
     log: LogSink | None = None,
-) -> dict[str, Any]:
+) -> CommandResult:
     """Run ``spec`` to completion or deadline (module docstring). ``cleanup_timeout`` bounds the
     whole cleanup (a number: seconds, with no host budget); ``log`` hears the fallback."""
     prepare_command(spec)

@@ -1,4 +1,4 @@
-"""Run one command as a CreateOS managed process (provider-behavior.md section 3.3): the path
+"""Run one command as a CreateOS managed process (docs/protocol.md 3.3): the path
 for servers without the exec stream (:mod:`provider.driver.commands.streamed` is the default).
 
 The command runs as an argv inside a bash wrapper that waits for EOF on its stdin (the start
@@ -23,7 +23,7 @@ import contextlib
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import anyio
 
@@ -33,23 +33,12 @@ from provider.createos.models import DataFrame, ExitFrame
 from provider.createos.stream import follow_process_output
 from provider.createos.wire import Wire
 from provider.driver.commands.command_size import check_script
+from provider.driver.commands.command_types import CommandResult, CommandSpec, ProcessRecord
 from provider.driver.commands.output import CommandOutput, OutputSink, StreamDecoder
 from provider.driver.commands.sandbox_ops import kill_tree
 from provider.driver.commands.sandbox_text import StdinMode, build_wrapper_script
 from provider.driver.core.budget import CleanupBound, not_started
 from provider.errors import CleanupUnconfirmed, ProviderError
-
-if TYPE_CHECKING:
-    from provider.driver.commands.execute import CommandSpec
-
-
-class ProcessRecord(Protocol):
-    """Where started processes are recorded until they are known to have ended (the journal)."""
-
-    async def started(self, process_id: str) -> None: ...
-
-    async def ended(self, process_id: str) -> None: ...
-
 
 GATE_SLACK_SECONDS = 20  # the start gate's bounded wait: the command timeout plus this
 CREATE_SETTLE_SECONDS = 10.0
@@ -126,7 +115,7 @@ async def run_managed(
     on_output: OutputSink | None,
     cleanup: CleanupBound,
     record: ProcessRecord | None = None,
-) -> dict[str, Any]:
+) -> CommandResult:
     """Run ``spec`` to completion or deadline; see the module docstring for the guarantees.
     ``cleanup`` bounds the whole cleanup."""
     script, stdin, stdin_path = prepared.script, prepared.stdin, prepared.stdin_path
@@ -143,21 +132,21 @@ async def run_managed(
         assert timer.cancelled_caught
         if run.process_id is None and run.create.queued:
             raise not_started(spec.timeout)
-        return {
-            "exitCode": None,
-            "timedOut": True,
-            "stdout": run.stdout.getvalue(),
-            "stderr": run.stderr.getvalue(),
-            "metadata": run.metadata(),
-        }
-    return {
-        "exitCode": run.exit.exit_code if run.exit.signal is None else None,
-        "signal": run.exit.signal,
-        "timedOut": False,
-        "stdout": run.stdout.getvalue(),
-        "stderr": run.stderr.getvalue(),
-        "metadata": run.metadata(),
-    }
+        return CommandResult(
+            exit_code=None,
+            timed_out=True,
+            stdout=run.stdout.getvalue(),
+            stderr=run.stderr.getvalue(),
+            metadata=run.metadata(),
+        )
+    return CommandResult(
+        exit_code=run.exit.exit_code if run.exit.signal is None else None,
+        signal=run.exit.signal,
+        timed_out=False,
+        stdout=run.stdout.getvalue(),
+        stderr=run.stderr.getvalue(),
+        metadata=run.metadata(),
+    )
 
 
 async def _start_and_follow(

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-DEFAULT_TAIL_LIMIT: Final = 4 * 1024 * 1024  # characters kept per stream (spec 3.7)
+DEFAULT_TAIL_LIMIT: Final = 4 * 1024 * 1024  # characters kept per stream (docs/protocol.md 3.7)
 LIVE_CHUNK_MAX: Final = 1_000_000  # UTF-16 units per execute.log (the host's own limit)
 LIVE_BUDGET: Final = 128 * 1024 * 1024  # UTF-16 units of live chunks per call (the host's cap)
 

@@ -1,7 +1,7 @@
 """Sandbox state changes the lease logic builds on: waiting for a state, confirmed deletion,
 the process sweep.
 
-``transition`` follows provider-behavior.md 2.2: read, submit pause/resume at most once when the
+``transition`` follows docs/protocol.md 2.2: read, submit pause/resume at most once when the
 current state allows it, keep polling through transitional states (a fork's ``forking``
 included), and fail on a state from which the wanted one cannot be reached.
 ``delete_sandbox_confirmed`` follows the delete routine of 2.5: a sandbox counts as gone only

@@ -2,7 +2,7 @@
 
 Every value that reaches bash goes through :func:`quote` (single quotes, ``'`` spelled ``'"'"'``),
 so arguments, environment values and paths arrive verbatim whatever they contain. NUL cannot be
-carried by an argv or a file name and is refused. The in-sandbox guard (spec 5.3,
+carried by an argv or a file name and is refused. The in-sandbox guard (docs/protocol.md 5.3,
 :func:`guard_snippet`) is an early, readable error; the host-side confinement in
 :func:`confine_sandbox_path` is the boundary. The inbound placement of a single scratch file
 (:func:`syncin_file_command`, :func:`syncin_dir_command`) is here too; everything that knows
@@ -70,8 +70,8 @@ def build_wrapper_script(
     stdin_path: str | None = None,
     stdin_length: int = 0,
 ) -> str:
-    """The bash script of spec 3.2: wait for EOF on stdin (the start gate), optional cd, then
-    ``exec env ... argv`` with the command's own stdin.
+    """The bash script of docs/protocol.md 3.2: wait for EOF on stdin (the start gate), optional
+    cd, then ``exec env ... argv`` with the command's own stdin.
 
     The process's stdin pipe is the gate: the worker closes it once the output stream is open,
     so the command never starts before a reader is attached. The wait is bounded by

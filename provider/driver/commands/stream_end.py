@@ -1,4 +1,4 @@
-"""Finding a streamed command's end marker in its output (provider-behavior.md 3.9).
+"""Finding a streamed command's end marker in its output (docs/protocol.md 3.9).
 
 The wrapper (:mod:`provider.driver.commands.command_script`) ends each of stdout and stderr with
 ``<tag><status>\\n`` when the command's leader exits. :class:`EndScanner` reads one stream's decoded

@@ -1,4 +1,4 @@
-"""Run one command as one streaming exec (provider-behavior.md 3.9).
+"""Run one command as one streaming exec (docs/protocol.md 3.9).
 
 The command travels in one ``POST /exec?stream=true`` with its stdin in the body (up to
 :data:`INLINE_STDIN_BYTES`; more is staged as a file first, 2 requests), wrapped by
@@ -29,7 +29,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 import anyio
 
@@ -44,16 +44,12 @@ from provider.driver.commands.command_script import (
     new_token,
     stream_wrapper,
 )
+from provider.driver.commands.command_types import CommandResult, CommandSpec, ProcessRecord
 from provider.driver.commands.output import CommandOutput, OutputSink
 from provider.driver.commands.sandbox_ops import COMMAND_PREFIX, kill_command
 from provider.driver.commands.stream_end import EndScanner, EndStatus
 from provider.driver.core.budget import CleanupBound, not_started
 from provider.errors import CleanupUnconfirmed, ProviderError
-
-if TYPE_CHECKING:
-    from provider.driver.commands.execute import CommandSpec
-    from provider.driver.commands.managed_command import ProcessRecord
-
 
 INLINE_STDIN_BYTES: Final = 262_144
 """Stdin up to this many UTF-8 bytes travels in the exec's body; more is staged as a file."""
@@ -88,20 +84,17 @@ class _Run(CommandOutput):
     def ended(self) -> bool:
         return all(scanner.end is not None for scanner in self.scanners.values())
 
-    def result(self, *, timed_out: bool = False) -> dict[str, Any]:
-        """The command's result as the managed path gives it (no ``signal`` on a timeout)."""
-        end = self.end
-        result: dict[str, Any] = {"exitCode": None}
-        if not timed_out and end is not None:
-            result["exitCode"] = end.code if end.kind == "exit" else None
-            result["signal"] = end.signal_name if end.kind == "signal" else None
-        result.update(
-            timedOut=timed_out,
+    def result(self, *, timed_out: bool = False) -> CommandResult:
+        """The command's result as the managed path gives it."""
+        end = None if timed_out else self.end
+        return CommandResult(
+            exit_code=end.code if end is not None and end.kind == "exit" else None,
+            signal=end.signal_name if end is not None and end.kind == "signal" else None,
+            timed_out=timed_out,
             stdout=self.stdout.getvalue(),
             stderr=self.stderr.getvalue(),
             metadata={"outputTruncated": self.truncated},
         )
-        return result
 
 
 @dataclass(frozen=True)
@@ -147,7 +140,7 @@ async def run_streamed(
     on_output: OutputSink | None,
     cleanup: CleanupBound,
     record: ProcessRecord | None,
-) -> dict[str, Any]:
+) -> CommandResult:
     """Run ``spec`` (module docstring); its values were checked by the caller."""
     token, run = new_token(), _Run()
     plan = plan_stream(spec, token, run.nonce)

@@ -1,6 +1,6 @@
 """Work that runs beside the host's calls and outlives the call that started it.
 
-A call's answer must never wait for housekeeping such as the reaper's sweep (provider-behavior.md
+A call's answer must never wait for housekeeping such as the reaper's sweep (docs/protocol.md
 2.13), and a task started inside a request's task would die with it. ``BackgroundTasks`` owns
 one task group for the worker's lifetime: the composition root enters :meth:`running` around
 serving (``provider.driver.methods.background``), calls hand jobs to :meth:`start_soon`, and the

@@ -1,4 +1,4 @@
-"""Keepalive reads for warm leases (provider-behavior.md 2.10.6).
+"""Keepalive reads for warm leases (docs/protocol.md 2.10.6).
 
 A warm lease's sandbox is created with ``auto_pause_after_seconds``: CreateOS pauses it once it
 has been idle that long. A command that prints nothing for longer (a build, a model call) must

@@ -5,8 +5,11 @@ lease-bearing calls add either ``providerLeaseId`` + ``leaseMetadata`` (resume, 
 destroy) or a ``lease`` object (realize, execute, sync). Unknown keys are tolerated (the host
 adds new ones over time); wrong types are refused with :class:`InvalidParams` naming the field.
 ``config`` stays a raw mapping here: ``provider.config.parse_config`` owns its rules. The
-interactive-setup and template calls (host-protocol.md 10.4) carry ``providerLeaseId`` +
-``setupMetadata`` (get, capture, cancel) or ``templateRef`` + ``metadata`` (delete).
+interactive-setup and template calls (docs/protocol.md H10.4) carry ``providerLeaseId`` +
+``setupMetadata`` (get, capture, cancel) or ``templateRef`` + ``metadata`` (delete). The login
+terminal and duplex channel calls (docs/protocol.md 6 and 7) name a lease or a session by
+route. Every verb's params type is here; :mod:`provider.driver.verb_table` says which verb
+decodes into which.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from provider.errors import InvalidParams
+
+
+class ValidateConfigParams(msgspec.Struct, kw_only=True):
+    """environmentValidateConfig: the raw config is the host's contract here (any JSON value;
+    :func:`provider.config.validate_config` answers its problems as a result, not an error), so
+    only its presence is checked (``UNSET`` when the params have none)."""
+
+    config: Any = msgspec.UNSET
 
 
 class CallParams(msgspec.Struct, kw_only=True):
@@ -95,7 +106,7 @@ class SyncParams(LeaseParams, kw_only=True):
 
 
 class StartSetupParams(CallParams, kw_only=True):
-    """environmentStartInteractiveSetup (host-protocol.md 10.4)."""
+    """environmentStartInteractiveSetup (docs/protocol.md H10.4)."""
 
     sessionId: str | None = None
     sourceTemplateRef: str | None = None
@@ -132,6 +143,52 @@ class DeleteTemplateParams(CallParams, kw_only=True):
     templateKind: str | None = None
     metadata: dict[str, Any] | None = None
     reason: str | None = None
+
+
+class RouteOpenParams(msgspec.Struct, kw_only=True):
+    """loginPtyOpen and duplexChannelOpen: a host route onto a lease this worker holds."""
+
+    hostRouteId: str
+    companyId: str
+    environmentId: str
+    providerLeaseId: str
+    driverKey: str | None = None
+
+
+class LoginOpenParams(RouteOpenParams, kw_only=True):
+    loginCommandKey: str
+    sessionHome: str
+
+
+class LoginInputParams(msgspec.Struct, kw_only=True):
+    workerSessionId: str
+    data: str
+
+
+class LoginStopParams(msgspec.Struct, kw_only=True):
+    workerSessionId: str
+
+
+class RouteCloseParams(msgspec.Struct, kw_only=True):
+    """loginPtyClose and duplexChannelClose."""
+
+    hostRouteId: str
+    workerSessionId: str | None = None
+
+
+class ChannelOpenParams(RouteOpenParams, kw_only=True):
+    command: list[str]
+
+
+class ChannelPairParams(msgspec.Struct, kw_only=True):
+    """duplexChannelStop (and the base of write)."""
+
+    hostRouteId: str
+    workerSessionId: str
+
+
+class ChannelWriteParams(ChannelPairParams, kw_only=True):
+    data: str
 
 
 P = TypeVar("P", bound=msgspec.Struct)

@@ -3,15 +3,15 @@
 ``DriverRuntime`` is built once per worker by the composition root; its ``background``
 tasks live as long as the worker (the composition root runs them, shutdown cancels them).
 ``bind_call`` turns a request's common params into a :class:`BoundCall` (parsed config,
-resolved key) and ``owned_scope`` applies the ownership rule of provider-behavior.md 2.1
-before any HTTP request.
+resolved key) and ``owned_scope`` applies the ownership rule of docs/protocol.md 2.1
+(:mod:`provider.driver.core.ownership`) before any HTTP request.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +20,6 @@ import anyio
 
 from provider.config import EnvironmentConfig, parse_config, resolve_api_key
 from provider.createos.client import CreateOSClient
-from provider.createos.models import is_valid_id
 from provider.createos.pacer import pacer_for
 from provider.createos.pool import ConnectionPool
 from provider.createos.wire import Wire
@@ -30,12 +29,13 @@ from provider.driver.core.gone import GoneLeases
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.keepalive import default_interval
 from provider.driver.core.names import scope_tag
+from provider.driver.core.ownership import LEASE, check_owned
 from provider.driver.core.params import CallParams
+from provider.driver.core.process_records import JournaledProcesses
 from provider.driver.core.tracker import LeaseTracker, ScopeKey
-from provider.errors import ProviderError, RateLimitQueued, RequestRefused
+from provider.errors import ProviderError, RateLimitQueued
 
 ROOT = "/paperclip-workspace"
-PROVIDER_NAME = "createos"
 
 ClientFactory = Callable[[EnvironmentConfig, str], CreateOSClient]
 
@@ -119,6 +119,21 @@ class BoundCall:
         return scope_tag(self.company_id, self.environment_id, self.config.api_url)
 
 
+@dataclass(frozen=True)
+class LeasedCall:
+    """A call on an existing lease while it works (``provider.driver.leased``): its binding,
+    the claimed lease's scope and an open client; ``records`` journals its processes."""
+
+    runtime: DriverRuntime
+    call: BoundCall
+    scope: ScopeKey
+    client: CreateOSClient
+
+    @property
+    def records(self) -> JournaledProcesses:
+        return JournaledProcesses(self.runtime.journal, self.scope)
+
+
 def bind_call(runtime: DriverRuntime, params: CallParams) -> BoundCall:
     config = parse_config(params.config)
     api_key = resolve_api_key(config, runtime.environ)
@@ -131,33 +146,17 @@ def owned_scope(
     call: BoundCall, lease_id: str | None, metadata: Mapping[str, Any] | None
 ) -> ScopeKey:
     """Refuse (before any HTTP request) a missing, malformed or foreign lease."""
-    if not lease_id:
-        raise RequestRefused("This call needs a lease: providerLeaseId is missing.")
-    if not is_valid_id(lease_id):
-        raise RequestRefused("The providerLeaseId is not a valid CreateOS sandbox id.")
-    meta = metadata or {}
-    if meta.get("provider") != PROVIDER_NAME:
-        raise RequestRefused("This lease was not issued by the CreateOS provider.")
-    foreign = foreign_fields(
-        meta,
+    sandbox_id, _ = check_owned(
+        LEASE,
+        lease_id,
+        metadata,
         (
             ("company", "companyId", call.company_id),
             ("environment", "environmentId", call.environment_id),
             ("API endpoint", "apiUrl", call.config.api_url),
         ),
     )
-    if foreign:
-        raise RequestRefused(
-            f"This lease was issued for another {foreign}; it cannot be used with this environment."
-        )
-    return call.scope(lease_id)
-
-
-def foreign_fields(meta: Mapping[str, Any], expected: Sequence[tuple[str, str, str]]) -> str:
-    """What ``meta`` names differently from this call, as ``"company and environment"`` (empty
-    when everything matches); ``expected`` holds (what, key, value) triples. Leases, setup
-    sessions and templates each check their own metadata with it."""
-    return " and ".join(what for what, key, value in expected if meta.get(key) != value)
+    return call.scope(sandbox_id)
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Duplex channels (``duplexChannel*``, provider-behavior.md 7): a byte pipe to a process in the
+"""Duplex channels (``duplexChannel*``, docs/protocol.md 7): a byte pipe to a process in the
 sandbox, which the host uses for its agent callback bridge (HTTP/2 over the channel).
 
 The host's argv runs under a non-login ``bash -c`` (which prints nothing of its own) behind a
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
-import msgspec
 
 from provider.createos.client import MAX_INPUT_BYTES
 from provider.createos.errors import Conflict, MalformedFrame, NotFound
@@ -33,7 +32,12 @@ from provider.createos.models import DataFrame
 from provider.driver.commands.command_size import check_script
 from provider.driver.commands.output import StreamDecoder
 from provider.driver.commands.sandbox_text import quote
-from provider.driver.core.params import decode_params
+from provider.driver.core.params import (
+    ChannelOpenParams,
+    ChannelPairParams,
+    ChannelWriteParams,
+    RouteCloseParams,
+)
 from provider.driver.interactive.hub import Interactive, OpenTarget
 from provider.driver.interactive.sessions import OPEN_DEADLINE_CAP, RemoteSession, start_process
 from provider.errors import InvalidParams, ProviderError, RequestRefused
@@ -49,29 +53,6 @@ STDERR_BUDGET: Final = 65_536
 GATE: Final = b"g"
 GATE_SLACK_SECONDS: Final = 20
 GATE_SECONDS: Final = int(OPEN_DEADLINE_CAP) + GATE_SLACK_SECONDS
-
-
-class ChannelOpenParams(msgspec.Struct, kw_only=True):
-    hostRouteId: str
-    companyId: str
-    environmentId: str
-    providerLeaseId: str
-    command: list[str]
-    driverKey: str | None = None
-
-
-class ChannelPairParams(msgspec.Struct, kw_only=True):
-    hostRouteId: str
-    workerSessionId: str
-
-
-class ChannelWriteParams(ChannelPairParams, kw_only=True):
-    data: str
-
-
-class ChannelCloseParams(msgspec.Struct, kw_only=True):
-    hostRouteId: str
-    workerSessionId: str | None = None
 
 
 def check_command(command: list[str]) -> None:
@@ -236,8 +217,7 @@ class DuplexChannels:
     def __init__(self, interactive: Interactive) -> None:
         self.interactive = interactive
 
-    async def open(self, params: dict[str, Any]) -> AfterReply:
-        p = decode_params(params, ChannelOpenParams, "duplexChannelOpen")
+    async def open(self, p: ChannelOpenParams) -> AfterReply:
         check_command(p.command)
         target: OpenTarget = self.interactive.check_open(KIND, p, "duplexChannelOpen")
         session = self.interactive.new_session(DuplexSession, KIND, target, "duplex")
@@ -264,8 +244,7 @@ class DuplexChannels:
         assert isinstance(session, DuplexSession)
         return session
 
-    async def write(self, params: dict[str, Any]) -> None:
-        p = decode_params(params, ChannelWriteParams, "duplexChannelWrite")
+    async def write(self, p: ChannelWriteParams) -> None:
         session = self._pair(p)
         if session is None or not session.live:
             raise RequestRefused("No open duplex channel has this hostRouteId and session id.")
@@ -287,15 +266,13 @@ class DuplexChannels:
         await session.send(data)
         return None
 
-    async def stop(self, params: dict[str, Any]) -> None:
-        p = decode_params(params, ChannelPairParams, "duplexChannelStop")
+    async def stop(self, p: ChannelPairParams) -> None:
         session = self._pair(p)
         if session is not None and not session.opening:
             await session.stop()
         return None
 
-    async def close(self, params: dict[str, Any]) -> dict[str, Any]:
-        p = decode_params(params, ChannelCloseParams, "duplexChannelClose")
+    async def close(self, p: RouteCloseParams) -> dict[str, Any]:
         session = self.interactive.table.by_route(KIND, p.hostRouteId)
         if session is not None:
             await self.interactive.close(session)

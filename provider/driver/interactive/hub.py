@@ -1,5 +1,5 @@
 """What login terminals and duplex channels share around their sessions: the opening checks,
-the open itself, closing, and tearing a lease's sessions down (provider-behavior.md 2.12, 6, 7).
+the open itself, closing, and tearing a lease's sessions down (docs/protocol.md 2.12, 6, 7).
 
 :class:`Interactive` holds the :class:`SessionTable` and the lease registry. Opens carry no
 config or key, so they find their lease in the registry; every check of 6.1.1 runs before any
@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import anyio
 
 from provider.driver.core.keepalive import keepalive
+from provider.driver.core.params import RouteOpenParams
 from provider.driver.core.process_records import JournaledProcesses
 from provider.driver.core.runtime import BoundCall, DriverRuntime, deadline
 from provider.driver.interactive.registry import LeaseRef, LeaseRegistry
@@ -77,7 +78,7 @@ class Interactive:
 
     # -- opening ---------------------------------------------------------------------------
 
-    def check_open(self, kind: str, params: Any, method: str) -> OpenTarget:
+    def check_open(self, kind: str, params: RouteOpenParams, method: str) -> OpenTarget:
         """6.1.1 (and 7.1.1): every refusal before any HTTP request."""
         if self.runtime.tracker.shutting_down:
             raise RequestRefused(f"Cannot open a {kind}: the worker is shutting down.")

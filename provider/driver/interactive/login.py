@@ -1,4 +1,4 @@
-"""Login terminals (``loginPty*``, provider-behavior.md 6): an agent CLI's device login in a
+"""Login terminals (``loginPty*``, docs/protocol.md 6): an agent CLI's device login in a
 120x30 pseudo-terminal of the lease's sandbox, relayed to the Paperclip UI.
 
 The command is one of a closed map (the host has checked the key too); it runs with ``HOME``
@@ -17,13 +17,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgspec
-
 from provider.createos.client import MAX_INPUT_BYTES
 from provider.createos.models import DataFrame
 from provider.driver.commands.output import StreamDecoder, utf16_cut, utf16_len
 from provider.driver.commands.sandbox_text import quote
-from provider.driver.core.params import decode_params
+from provider.driver.core.params import (
+    LoginInputParams,
+    LoginOpenParams,
+    LoginStopParams,
+    RouteCloseParams,
+)
 from provider.driver.interactive.hub import Interactive, OpenTarget
 from provider.driver.interactive.sessions import RemoteSession, start_process
 from provider.errors import InvalidParams, RequestRefused
@@ -43,30 +46,6 @@ COMMANDS: Final[dict[str, tuple[str, tuple[str, ...], str | None]]] = {
     "codex": ("codex", ("login", "--device-auth"), "CODEX_HOME"),
     "grok": ("grok", ("login", "--device-auth"), "GROK_HOME"),
 }
-
-
-class LoginOpenParams(msgspec.Struct, kw_only=True):
-    hostRouteId: str
-    companyId: str
-    environmentId: str
-    providerLeaseId: str
-    loginCommandKey: str
-    sessionHome: str
-    driverKey: str | None = None
-
-
-class LoginInputParams(msgspec.Struct, kw_only=True):
-    workerSessionId: str
-    data: str
-
-
-class LoginStopParams(msgspec.Struct, kw_only=True):
-    workerSessionId: str
-
-
-class LoginCloseParams(msgspec.Struct, kw_only=True):
-    hostRouteId: str
-    workerSessionId: str | None = None
 
 
 HOME_FAILED_EXIT: Final = 125  # the session home could not be created: the login never started
@@ -154,8 +133,7 @@ class LoginTerminals:
     def __init__(self, interactive: Interactive) -> None:
         self.interactive = interactive
 
-    async def open(self, params: dict[str, Any]) -> AfterReply:
-        p = decode_params(params, LoginOpenParams, "loginPtyOpen")
+    async def open(self, p: LoginOpenParams) -> AfterReply:
         if p.loginCommandKey not in COMMANDS:
             raise RequestRefused(
                 "loginCommandKey must be one of: " + ", ".join(sorted(COMMANDS)) + "."
@@ -182,8 +160,7 @@ class LoginTerminals:
             raise RequestRefused("This login terminal is not open (it ended or never existed).")
         return session
 
-    async def input(self, params: dict[str, Any]) -> None:
-        p = decode_params(params, LoginInputParams, "loginPtyInput")
+    async def input(self, p: LoginInputParams) -> None:
         session = self._live(p.workerSessionId)
         if len(p.data) > MAX_INPUT_CHARS:
             raise InvalidParams(f"A login input is limited to {MAX_INPUT_CHARS} characters.")
@@ -200,15 +177,13 @@ class LoginTerminals:
                 )
         return None
 
-    async def stop(self, params: dict[str, Any]) -> None:
-        p = decode_params(params, LoginStopParams, "loginPtyStop")
+    async def stop(self, p: LoginStopParams) -> None:
         session = self.interactive.table.by_session(KIND, p.workerSessionId)
         if session is not None and not session.opening:
             await session.stop()
         return None
 
-    async def close(self, params: dict[str, Any]) -> dict[str, Any]:
-        p = decode_params(params, LoginCloseParams, "loginPtyClose")
+    async def close(self, p: RouteCloseParams) -> dict[str, Any]:
         session = self.interactive.table.by_route(KIND, p.hostRouteId)
         if session is not None:
             await self.interactive.close(session)

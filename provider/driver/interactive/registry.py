@@ -1,4 +1,4 @@
-"""The lease registry (provider-behavior.md 2.12): what an interactive open needs to find.
+"""The lease registry (docs/protocol.md 2.12): what an interactive open needs to find.
 
 A login-terminal or duplex-channel open names a lease by ``(companyId, environmentId,
 providerLeaseId)`` and carries no config or key. Every owned call on a lease (acquire, resume,

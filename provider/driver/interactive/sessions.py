@@ -1,7 +1,7 @@
 """Interactive sessions: a remote process that outlives the call that opened it.
 
 Login terminals (:mod:`provider.driver.interactive.login`) and duplex channels
-(:mod:`provider.driver.interactive.channels`) share one life cycle (provider-behavior.md 6-7):
+(:mod:`provider.driver.interactive.channels`) share one life cycle (docs/protocol.md 6-7):
 
 - the open reserves its route in the :class:`SessionTable` (so a close racing it can cancel
   it), starts one managed process and a *reader* in the worker's background tasks, and answers

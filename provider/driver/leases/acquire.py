@@ -1,4 +1,4 @@
-"""Acquire (provider-behavior.md 2.3): create a sandbox and prove it is ours.
+"""Acquire (docs/protocol.md 2.3): create a sandbox and prove it is ours.
 
 Acquire plans the sandbox (:mod:`provider.driver.leases.placement`: egress, warm window, rootfs per
 adapter, snapshot), creates it with a unique name token (``pc-<scope tag>-<uuid>``) or, when the
@@ -22,15 +22,16 @@ from provider.createos.client import CreateOSClient
 from provider.createos.wire import Wire
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.names import name_token
+from provider.driver.core.ownership import PROVIDER_NAME
 from provider.driver.core.params import AcquireParams
 from provider.driver.core.runtime import (
-    PROVIDER_NAME,
     ROOT,
     BoundCall,
     DriverRuntime,
     bind_call,
     deadline,
 )
+from provider.driver.leases.answers import LeaseAnswer
 from provider.driver.leases.create_outcome import create_sandbox, delete_after_failure, fork_sandbox
 from provider.driver.leases.create_watch import watch_creates
 from provider.driver.leases.forks import fork_token
@@ -48,7 +49,7 @@ LeaseHook = Callable[[BoundCall, str], None]
 
 async def acquire(
     runtime: DriverRuntime, params: AcquireParams, *, on_reusable: LeaseHook | None = None
-) -> dict[str, Any]:
+) -> LeaseAnswer:
     if params.requestedExpiresAt:
         raise RequestRefused(
             "CreateOS cannot bound a lease's lifetime (it has no hard expiry), so a lease with "
@@ -80,11 +81,7 @@ async def acquire(
         )
     if placement.reusable and on_reusable is not None:
         on_reusable(call, sandbox_id)
-    return {
-        "providerLeaseId": sandbox_id,
-        "metadata": lease_metadata(call, marker, placement),
-        "expiresAt": None,
-    }
+    return LeaseAnswer(call, sandbox_id, lease_metadata(call, marker, placement))
 
 
 def lease_metadata(call: BoundCall, marker: str, placement: Placement) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Creating or forking a sandbox whose outcome may be unknown (provider-behavior.md 2.3.3, 8.4).
+"""Creating or forking a sandbox whose outcome may be unknown (docs/protocol.md 2.3.3, 8.4).
 
 A create or fork has no idempotency key. When it fails other than definitely (a 5xx but 503, a
 transport failure, a malformed answer, the deadline or a cancellation mid-call), it may have made

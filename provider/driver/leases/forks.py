@@ -1,4 +1,4 @@
-"""Forking a snapshot template (provider-behavior.md 8.4, createos-api.md 3.9).
+"""Forking a snapshot template (docs/protocol.md 8.4, docs/protocol.md C3.9).
 
 A template is a paused sandbox; a lease (or a setup session started from a template) forks it with
 ``{"start_paused": false, "egress": <effective or ["*"]>, "ingress_enabled": false, "envs": {<fork

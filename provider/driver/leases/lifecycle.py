@@ -1,4 +1,4 @@
-"""Lease lifecycle after acquire: resume, release, destroy, realize (provider-behavior.md 2.4-2.6,
+"""Lease lifecycle after acquire: resume, release, destroy, realize (docs/protocol.md 2.4-2.6,
 2.9-2.10). Acquire lives in :mod:`provider.driver.leases.acquire`.
 
 Resume proves the sandbox is still ours (the marker written at acquire) after re-applying the
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 
@@ -30,8 +29,6 @@ from provider.driver.commands.sandbox_ops import (
 from provider.driver.core import gone
 from provider.driver.core.params import LeaseIdParams, LeaseParams
 from provider.driver.core.runtime import (
-    PROVIDER_NAME,
-    ROOT,
     BoundCall,
     DriverRuntime,
     bind_call,
@@ -40,6 +37,7 @@ from provider.driver.core.runtime import (
 )
 from provider.driver.core.tracker import ScopeKey
 from provider.driver.leases.acquire import MARKER_PATH, LeaseHook
+from provider.driver.leases.answers import LeaseAnswer, Realized, Released
 from provider.driver.leases.placement import (
     egress_in_place,
     is_keepable,
@@ -53,7 +51,6 @@ from provider.errors import RequestRefused
 
 MARKER_RE = re.compile(r"^[0-9a-f-]{36}$")
 RESUME_DEADLINE_CAP = 55.0
-GONE: dict[str, Any] = {"providerLeaseId": None, "metadata": {"expired": True}}
 
 TeardownHook = Callable[[BoundCall, str], Awaitable[None]]
 """Awaited by release and destroy before the sandbox is touched (closes terminals, channels)."""
@@ -62,20 +59,20 @@ TeardownHook = Callable[[BoundCall, str], Awaitable[None]]
 # -- resume --------------------------------------------------------------------------------
 
 
-async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any]:
+async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> LeaseAnswer:
     call = bind_call(runtime, params)
     metadata = params.leaseMetadata or {}
     if await runtime.gone.reason(owned_scope(call, params.providerLeaseId, metadata)):
-        return GONE  # no request: this worker saw the sandbox deleted
+        return LeaseAnswer.gone(call)  # no request: this worker saw the sandbox deleted
     scope = await claim_lease(runtime, call, params.providerLeaseId, metadata)
     runtime.tracker.check_usable(scope, "resume this lease")
     sandbox_id = scope.lease_id
     marker = metadata.get("marker")
     if not isinstance(marker, str) or not MARKER_RE.fullmatch(marker):
-        return GONE
+        return LeaseAnswer.gone(call)
     egress = stored_egress(metadata)
     if egress is None or placement_changed(call.config, metadata):
-        return GONE
+        return LeaseAnswer.gone(call)
     async with runtime.client_factory(call.config, call.api_key) as client:
         with deadline(min(call.timeout, RESUME_DEADLINE_CAP), "Resuming the CreateOS sandbox"):
             try:
@@ -83,7 +80,7 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
                 if view.status == "destroyed":
                     await runtime.gone.mark(scope, gone.NOT_FOUND)
                 if view.status in ("destroyed", "failed"):
-                    return GONE
+                    return LeaseAnswer.gone(call)
                 if view.status == "destroying":  # transient: it does not prove the sandbox gone
                     raise SandboxStateError(
                         f"Sandbox {sandbox_id} is destroying and cannot become running.",
@@ -99,14 +96,10 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> dict[str, Any
                 )
             except NotFound:
                 await runtime.gone.mark(scope, gone.NOT_FOUND)
-                return GONE
+                return LeaseAnswer.gone(call)
     if check.exit_code != 0 or check.stdout != marker:
-        return GONE
-    return {
-        "providerLeaseId": sandbox_id,
-        "metadata": {**metadata, "resumedLease": True},
-        "expiresAt": None,
-    }
+        return LeaseAnswer.gone(call)
+    return LeaseAnswer(call, sandbox_id, {**metadata, "resumedLease": True})
 
 
 # -- release / destroy ---------------------------------------------------------------------
@@ -119,13 +112,13 @@ async def release(
     destroy: bool,
     on_kept: LeaseHook | None = None,
     before_teardown: TeardownHook | None = None,
-) -> dict[str, Any] | None:
+) -> Released | None:
     if not params.providerLeaseId:
         return None
     call = bind_call(runtime, params)
     owned = owned_scope(call, params.providerLeaseId, params.leaseMetadata)
     if await runtime.gone.deleted_here(owned):  # deleted already: nothing to do, no request
-        return {"providerLeaseId": owned.lease_id, "state": "destroyed"}
+        return Released(owned.lease_id, "destroyed")
     scope = await claim_lease(runtime, call, params.providerLeaseId, params.leaseMetadata)
     sandbox_id = scope.lease_id
     verb = "destroyed" if destroy else "released"
@@ -141,7 +134,7 @@ async def release(
             await runtime.gone.mark(scope, gone.DESTROYED if destroy else gone.RELEASED)
             await runtime.clear_poison(scope)
             await anyio.to_thread.run_sync(runtime.journal.remove_kept_fork, sandbox_id)
-            return {"providerLeaseId": sandbox_id, "state": "destroyed"}
+            return Released(sandbox_id, "destroyed")
         _refuse_if_unconfirmed(runtime, scope)
         try:
             if is_warm(call.config):
@@ -152,10 +145,10 @@ async def release(
                     await pause_until_paused(client, sandbox_id)
         except NotFound:
             await runtime.gone.mark(scope, gone.NOT_FOUND)
-            return {"providerLeaseId": sandbox_id, "state": "destroyed"}
+            return Released(sandbox_id, "destroyed")
     if on_kept is not None:
         on_kept(call, sandbox_id)
-    return {"providerLeaseId": sandbox_id, "state": "stopped"}
+    return Released(sandbox_id, "stopped")
 
 
 def _refuse_if_unconfirmed(runtime: DriverRuntime, scope: ScopeKey) -> None:
@@ -178,7 +171,7 @@ async def _stop_every_tree(runtime: DriverRuntime, client: CreateOSClient, scope
 # -- realize -------------------------------------------------------------------------------
 
 
-async def realize(runtime: DriverRuntime, params: LeaseParams) -> dict[str, Any]:
+async def realize(runtime: DriverRuntime, params: LeaseParams) -> Realized:
     call = bind_call(runtime, params)
     owned_scope(call, params.lease.providerLeaseId, params.lease.metadata)
-    return {"cwd": ROOT, "metadata": {"provider": PROVIDER_NAME, "remoteCwd": ROOT}}
+    return Realized(call)

@@ -1,5 +1,5 @@
 """What a lease's sandbox is made of, decided at acquire and checked again at resume and release
-(provider-behavior.md 2.9-2.11). Pure functions, no I/O.
+(docs/protocol.md 2.9-2.11). Pure functions, no I/O.
 
 - **Egress** (2.9): the environment's base allowlist plus the run's ``networkEgress`` grants
   (``allowFqdns``, ``allowCidrs``), unique and in order; once any rule other than ``*`` remains,

@@ -7,6 +7,7 @@ leaked, billable sandbox must never look like a clean probe.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -24,11 +25,22 @@ PROBE_DEADLINE_CAP = 90.0
 DELETE_DEADLINE_CAP = 25.0
 
 
-async def probe(runtime: DriverRuntime, params: CallParams) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """The probe's answer; ``summary`` is public text (never a secret)."""
+
+    ok: bool
+    summary: str
+
+    def wire(self) -> dict[str, Any]:
+        return {"ok": self.ok, "summary": self.summary}
+
+
+async def probe(runtime: DriverRuntime, params: CallParams) -> ProbeOutcome:
     try:
         call = bind_call(runtime, params)
     except ProviderError as exc:
-        return {"ok": False, "summary": str(exc)}
+        return ProbeOutcome(ok=False, summary=str(exc))
     await recover_orphans(runtime, call)
     sandbox_id: str | None = None
     async with runtime.client_factory(call.config, call.api_key) as client:
@@ -45,29 +57,29 @@ async def probe(runtime: DriverRuntime, params: CallParams) -> dict[str, Any]:
                     on_output=None,
                     cleanup_timeout=min(call.timeout, DELETE_DEADLINE_CAP),
                 )
-            if result["timedOut"] or result["exitCode"] != 0 or READY_TOKEN not in result["stdout"]:
-                outcome = {
-                    "ok": False,
-                    "summary": "A CreateOS sandbox was created but the test command did not "
-                    f"succeed (exit code {result['exitCode']}, timed out: {result['timedOut']}).",
-                }
+            if result.timed_out or result.exit_code != 0 or READY_TOKEN not in result.stdout:
+                outcome = ProbeOutcome(
+                    ok=False,
+                    summary="A CreateOS sandbox was created but the test command did not "
+                    f"succeed (exit code {result.exit_code}, timed out: {result.timed_out}).",
+                )
             else:
-                outcome = {
-                    "ok": True,
-                    "summary": f"Created a {call.config.shape} CreateOS sandbox at "
+                outcome = ProbeOutcome(
+                    ok=True,
+                    summary=f"Created a {call.config.shape} CreateOS sandbox at "
                     f"{call.config.api_url}, ran a command in {ROOT} and deleted the sandbox.",
-                }
+                )
         except CleanupUnconfirmed:
             if sandbox_id is None:
                 raise  # the half-made sandbox may be left behind: never a clean "ok: false"
             # The command's tree kill was not confirmed; deleting the sandbox below ends it.
-            outcome = {
-                "ok": False,
-                "summary": "The probe command could not be stopped cleanly; its sandbox is "
+            outcome = ProbeOutcome(
+                ok=False,
+                summary="The probe command could not be stopped cleanly; its sandbox is "
                 "being deleted.",
-            }
+            )
         except ProviderError as exc:
-            outcome = {"ok": False, "summary": str(exc)}
+            outcome = ProbeOutcome(ok=False, summary=str(exc))
         finally:
             if sandbox_id is not None:
                 with anyio.CancelScope(shield=True):

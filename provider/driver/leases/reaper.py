@@ -1,4 +1,4 @@
-"""The reaper: bounds what kept (reused) sandboxes cost (provider-behavior.md 2.13).
+"""The reaper: bounds what kept (reused) sandboxes cost (docs/protocol.md 2.13).
 
 The host resumes a released lease only for the same execution workspace, so with ``reuseLease``
 every kept sandbox of a finished workspace would stay paused, and billed, forever. After a

@@ -1,6 +1,6 @@
 """The reuse rules: which leases are kept, which kept sandboxes go.
 
-Pure functions, no I/O (provider-behavior.md 2.3.3, 2.10, 2.13):
+Pure functions, no I/O (docs/protocol.md 2.3.3, 2.10, 2.13):
 
 - :func:`is_reusable`: at acquire, a lease is reusable only when the environment reuses leases
   and the acquire names an execution workspace and an agent (only then does the host ever offer

@@ -1,4 +1,4 @@
-"""State changes of a lease's sandbox in the fewest requests (provider-behavior.md 2.2, 2.4, 2.5).
+"""State changes of a lease's sandbox in the fewest requests (docs/protocol.md 2.2, 2.4, 2.5).
 
 :func:`provider.driver.commands.sandbox_ops.transition` reads before it submits and reads again
 until the state shows. Resume and release often know more than that, and every request they save

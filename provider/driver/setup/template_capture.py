@@ -1,5 +1,5 @@
 """Capturing a setup sandbox as a snapshot template, and deleting a template
-(provider-behavior.md 8.3, host-protocol.md 10.4).
+(docs/protocol.md 8.3, docs/protocol.md H10.4).
 
 Capture proves the sandbox is the session's (its marker file holds the session's
 ``setupMarker``), stops every process tree left in it (the operator's shell included, so forks
@@ -11,12 +11,10 @@ paused (a live lease is never a template); forks made from a template are indepe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from provider.createos.errors import NotFound
-from provider.createos.models import is_valid_id
 from provider.driver.commands.execute import timeout_seconds
 from provider.driver.commands.sandbox_ops import (
     delete_sandbox_confirmed,
@@ -24,15 +22,9 @@ from provider.driver.commands.sandbox_ops import (
     stop_every_tree,
     transition,
 )
+from provider.driver.core.ownership import PROVIDER_NAME, TEMPLATE, check_owned
 from provider.driver.core.params import CaptureParams, DeleteTemplateParams
-from provider.driver.core.runtime import (
-    PROVIDER_NAME,
-    BoundCall,
-    DriverRuntime,
-    bind_call,
-    deadline,
-    foreign_fields,
-)
+from provider.driver.core.runtime import BoundCall, DriverRuntime, bind_call, deadline
 from provider.driver.leases.acquire import MARKER_PATH
 from provider.driver.setup.templates import TEMPLATE_KIND, check_setup, endpoint_digest
 from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
@@ -98,24 +90,15 @@ def _check_template(call: BoundCall, params: DeleteTemplateParams) -> str:
         raise RequestRefused(
             f"CreateOS templates are {TEMPLATE_KIND}s; this template is of another kind."
         )
-    ref = params.templateRef
-    if not is_valid_id(ref):
-        raise RequestRefused("The templateRef is not a valid CreateOS sandbox id.")
-    meta: Mapping[str, Any] = params.metadata if isinstance(params.metadata, Mapping) else {}
-    if meta.get("provider") != PROVIDER_NAME:
-        raise RequestRefused("This template was not captured by the CreateOS provider.")
-    foreign = foreign_fields(
-        meta,
+    ref, _ = check_owned(
+        TEMPLATE,
+        params.templateRef,
+        params.metadata,
         (
             ("environment", "environmentId", call.environment_id),
             ("API endpoint", "endpointDigest", endpoint_digest(call.config.api_url)),
         ),
     )
-    if foreign:
-        raise RequestRefused(
-            f"This template was captured for another {foreign}; it is not deleted from this "
-            "environment."
-        )
     return ref
 
 

@@ -1,4 +1,4 @@
-"""Interactive setup sessions (provider-behavior.md 8.1-8.2, host-protocol.md 10.4): start, get
+"""Interactive setup sessions (docs/protocol.md 8.1-8.2, docs/protocol.md H10.4): start, get
 and cancel. Capture and template deletion live in :mod:`provider.driver.setup.template_capture`.
 
 A setup session is a sandbox the operator prepares by hand; capturing it pauses it and makes it
@@ -27,15 +27,9 @@ from provider.config import DEFAULT_API_URL, EnvironmentConfig
 from provider.createos.errors import NotFound
 from provider.createos.models import is_valid_id
 from provider.driver.commands.sandbox_ops import delete_sandbox_confirmed, read_status, transition
+from provider.driver.core.ownership import PROVIDER_NAME, SETUP_SESSION, check_owned
 from provider.driver.core.params import CancelSetupParams, GetSetupParams, StartSetupParams
-from provider.driver.core.runtime import (
-    PROVIDER_NAME,
-    BoundCall,
-    DriverRuntime,
-    bind_call,
-    deadline,
-    foreign_fields,
-)
+from provider.driver.core.runtime import BoundCall, DriverRuntime, bind_call, deadline
 from provider.driver.leases.acquire import provision_sandbox
 from provider.driver.leases.placement import Placement, merge_egress
 from provider.driver.leases.recovery import recover_orphans
@@ -45,7 +39,7 @@ CONNECTION_TYPE: Final = "createos_shell"
 TEMPLATE_KIND: Final = "snapshot"
 SETUP_NAME_PREFIX: Final = "pc-setup-"
 #: What start answers as metadata. None of these keys (nor any value) matches the host's
-#: redaction rules (host-protocol.md 10.4), so the host hands them back unchanged.
+#: redaction rules (docs/protocol.md H10.4), so the host hands them back unchanged.
 SETUP_METADATA_KEYS: Final = (
     "provider",
     "companyId",
@@ -81,7 +75,8 @@ def connection_payload(api_url: str, sandbox_id: str, expires_at: str | None) ->
         "expiresAt": expires_at,
     }
     if api_url == DEFAULT_API_URL:
-        # the official CLI (for operators who have it); an id needs no quoting (1.9)
+        # the official CLI (for operators who have it); an id needs no quoting (docs/protocol.md
+        # C1.9)
         payload["alternativeCommand"] = f"createos sandbox shell {sandbox_id}"
     return payload
 
@@ -157,31 +152,23 @@ def check_setup(
 ) -> tuple[str, dict[str, Any]]:
     """Refuse (before any HTTP request) a malformed id or setup metadata that this call did not
     start; returns the sandbox id and our part of the metadata."""
-    if not lease_id or not is_valid_id(lease_id):
-        raise RequestRefused("The setup session's providerLeaseId is not a CreateOS sandbox id.")
-    meta = metadata if isinstance(metadata, Mapping) else {}
-    if meta.get("provider") != PROVIDER_NAME:
-        raise RequestRefused("This setup session was not started by the CreateOS provider.")
-    foreign = foreign_fields(
-        meta,
+    sandbox_id, meta = check_owned(
+        SETUP_SESSION,
+        lease_id,
+        metadata,
         (
             ("company", "companyId", call.company_id),
             ("environment", "environmentId", call.environment_id),
             ("API endpoint", "endpointDigest", endpoint_digest(call.config.api_url)),
         ),
     )
-    if foreign:
-        raise RequestRefused(
-            f"This setup session was started for another {foreign}; it cannot be used with "
-            "this environment."
-        )
     marker = meta.get("setupMarker")
     if not isinstance(marker, str) or not _MARKER_RE.fullmatch(marker):
         raise RequestRefused("This setup session's metadata has no valid setupMarker.")
     expires_at = meta.get("expiresAt")
     ours = {key: meta[key] for key in SETUP_METADATA_KEYS if key in meta}
     ours["expiresAt"] = expires_at if isinstance(expires_at, str) else None
-    return lease_id, ours
+    return sandbox_id, ours
 
 
 # -- start / get / cancel ------------------------------------------------------------------

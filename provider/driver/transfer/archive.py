@@ -7,7 +7,7 @@ mtimes kept, permission bits kept without setuid/setgid/sticky. A host hard link
 regular file each time it appears. Sockets, FIFOs and device files are skipped, never opened,
 and counted (with the first few names) so the caller can report them.
 
-Exclusion patterns (inbound, host side; spec 5.8)
+Exclusion patterns (inbound, host side; docs/protocol.md 5.8)
 --------------------------------------------------
 Each archive-relative name (``./`` and trailing ``/`` stripped, e.g. ``src/app/main.py``) is
 excluded when some pattern ``p`` (with ``./`` and trailing ``/`` stripped likewise) matches the
@@ -27,7 +27,7 @@ path relative to any directory. Inside a pattern:
 An excluded directory is not descended into. With ``followSymlinks`` the same names are used,
 so a link under an excluded directory is neither followed nor checked. Outbound exclusions are
 GNU ``tar --exclude`` patterns evaluated in the sandbox, which match any name component; the two
-matchers differ slightly (accepted by spec 5.8).
+matchers differ slightly (accepted by docs/protocol.md 5.8).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class LinkEscapes(RequestRefused):
-    """With followSymlinks, a link leaves the source directory (spec 5.5)."""
+    """With followSymlinks, a link leaves the source directory (docs/protocol.md 5.5)."""
 
     def __init__(self, name: str, why: str) -> None:
         super().__init__(
@@ -291,7 +291,7 @@ def _add_file(tar: tarfile.TarFile, entry: _Entry) -> None:
 def build_directory_archive(
     source_dir: Path, dest_file: Path, *, exclude: Sequence[str], follow_symlinks: bool
 ) -> ArchiveStats:
-    """Write ``source_dir`` as a PAX tar to ``dest_file`` (spec 5.4, 5.5, 5.8).
+    """Write ``source_dir`` as a PAX tar to ``dest_file`` (docs/protocol.md 5.4, 5.5, 5.8).
 
     Without ``follow_symlinks`` entries are read with lstat and links stored as links (targets
     never opened). With it, links inside the source are dereferenced (a file link becomes a

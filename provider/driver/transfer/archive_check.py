@@ -1,4 +1,5 @@
-"""Host-side validation of an archive downloaded from the sandbox (spec 5.7), whole archive first.
+"""Host-side validation of an archive downloaded from the sandbox (docs/protocol.md 5.7), whole
+archive first.
 
 Rules, any failure refusing the whole archive with one generic message:
 

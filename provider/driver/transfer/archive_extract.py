@@ -3,7 +3,7 @@
 ``tarfile``'s ``data`` filter arrived in 3.11.4 (Debian 12's Python is 3.11.2), so extraction
 does not use ``extractall`` at all: one code path, ours, on every Python. It runs in two phases.
 
-1. **Stage.** The archive is validated whole first (:func:`open_validated`, spec 5.7: no
+1. **Stage.** The archive is validated whole first (:func:`open_validated`, docs/protocol.md 5.7: no
    absolute or ``..`` name, no member below a link or a file, no device, FIFO or sparse
    member; a symlink's target is kept as text, even an absolute one, as nothing follows it).
    Then each checked member is created in a private staging folder next to the target (the
@@ -56,7 +56,8 @@ def file_mode(archived: int) -> int:
 def extract_archive(
     archive: Path, target_dir: Path, *, mode: int | None, workdir: Path | None = None
 ) -> int:
-    """Validate the whole archive, then extract it into ``target_dir`` (spec 5.6 step 4).
+    """Validate the whole archive, then extract it into ``target_dir`` (docs/protocol.md 5.6 step
+    4).
 
     Nothing is created for a refused archive. A target that is a symlink (or not a directory) is
     refused. Missing directories up to the target are created with ``mode`` (0o700 when None);

@@ -2,7 +2,7 @@
 
 Bytes never cross JSON-RPC: they are streamed through the files API between host temp files
 and sandbox scratch files, and a guarded control command moves them into place inside the
-sandbox (provider-behavior.md 5). Small ones skip the files API and travel base64 inside that
+sandbox (docs/protocol.md 5). Small ones skip the files API and travel base64 inside that
 one command, in its stdin or its output (:mod:`provider.driver.transfer.sync_inline`, issue 22), so
 a small sync costs one request each way. This module orchestrates, per mapping, what to pack,
 send, place, fetch and clean up; the pieces are
@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,7 +45,7 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.exec_stream import exec_stream_supported
-from provider.driver.commands.execute import CommandSpec, ProcessRecord, run_command
+from provider.driver.commands.execute import CommandResult, CommandSpec, ProcessRecord, run_command
 from provider.driver.core.budget import CleanupBound, as_bound
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.process_records import JournaledProcesses
@@ -59,6 +60,29 @@ from provider.errors import ProviderError, TransferError
 
 PART_BYTES: Final = 256 * 1024 * 1024
 """Largest byte range one PUT or GET of a sync carries (CreateOS takes about 500 MiB a file)."""
+
+
+@dataclass(frozen=True)
+class SyncedOperation:
+    """What one sync operation moved; ``skipped``: special files (sockets, FIFOs, devices) an
+    inbound directory left out, ``skipped_paths`` the first few of them."""
+
+    operation_id: str | None
+    files: int
+    transferred: int
+    skipped: int = 0
+    skipped_paths: list[str] = field(default_factory=list)
+
+    def wire(self) -> dict[str, Any]:
+        """The operation's entry in a sync result (skip counts only when something was)."""
+        result: dict[str, Any] = {
+            "operationId": self.operation_id,
+            "filesTransferred": self.files,
+            "bytesTransferred": self.transferred,
+        }
+        if self.skipped:
+            result.update(skippedSpecialFiles=self.skipped, skippedPaths=self.skipped_paths)
+        return result
 
 
 class SyncSession:
@@ -120,13 +144,13 @@ class SyncSession:
             if self.journal is not None:
                 await anyio.to_thread.run_sync(self.journal.remove_tempdir, workdir)
 
-    async def sync_in(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
+    async def sync_in(self, operations: list[PlannedOperation]) -> list[SyncedOperation]:
         results = []
         for op in operations:
             results.append(await self._sync_in_operation(op))
         return results
 
-    async def _sync_in_operation(self, op: PlannedOperation) -> dict[str, Any]:
+    async def _sync_in_operation(self, op: PlannedOperation) -> SyncedOperation:
         """Upload every mapping, then place them and run the post-upload commands in one
         sandbox command (provider.driver.transfer.sync_steps); scratch files left by a failure
         before that command ran are removed here."""
@@ -172,13 +196,12 @@ class SyncSession:
             for scratch in scratches:  # placed: the operation's EXIT trap removed them
                 if scratch.sent:
                     await self.remove_scratch(scratch, done=placed)
-        result = _result(op, files, transferred)
-        if skipped:  # sockets, FIFOs and devices left out: their count and the first few
-            result["skippedSpecialFiles"] = skipped
-            result["skippedPaths"] = skipped_paths[: archive.SKIPPED_NAMES]
-        return result
+        # sockets, FIFOs and devices left out: their count and the first few
+        return SyncedOperation(
+            op.operation_id, files, transferred, skipped, skipped_paths[: archive.SKIPPED_NAMES]
+        )
 
-    async def sync_out(self, operations: list[PlannedOperation]) -> list[dict[str, Any]]:
+    async def sync_out(self, operations: list[PlannedOperation]) -> list[SyncedOperation]:
         results = []
         for op in operations:
             files = transferred = 0
@@ -186,18 +209,19 @@ class SyncSession:
                 with sync_files.host_errors(f"Writing {mapping.host_path}"):
                     count, size = await download(self, mapping)
                 files, transferred = files + count, transferred + size
-            results.append(_result(op, files, transferred))
+            results.append(SyncedOperation(op.operation_id, files, transferred))
         return results
 
     # -- sandbox commands --------------------------------------------------------------------
 
-    async def control(self, script: str, what: str) -> dict[str, Any]:
-        """One control command (spec 5.3); a timeout or non-zero exit fails the transfer."""
+    async def control(self, script: str, what: str) -> CommandResult:
+        """One control command (docs/protocol.md 5.3); a timeout or non-zero exit fails the
+        transfer."""
         result = await self._command(script)
-        if result["timedOut"]:
+        if result.timed_out:
             raise TransferError(f"{what} timed out in the sandbox.")
-        if result["exitCode"] != 0:
-            raise TransferError(_failure(what, result, result["stderr"]))
+        if result.exit_code != 0:
+            raise TransferError(_failure(what, result, result.stderr))
         return result
 
     async def _run_steps(
@@ -206,16 +230,16 @@ class SyncSession:
         """One sandbox command for the steps of an inbound operation, ``stdin`` its inline
         mappings' bytes; errors name the step."""
         result = await self._command(sync_steps.operation_script(steps, scratches), stdin)
-        if not result["timedOut"] and result["exitCode"] == 0:
+        if not result.timed_out and result.exit_code == 0:
             return
-        failed = sync_steps.failed_step(steps, result["stderr"])
+        failed = sync_steps.failed_step(steps, result.stderr)
         label = failed.label if failed is not None else "Placing the uploaded files"
-        if result["timedOut"] or (failed is not None and failed.timed_out):
+        if result.timed_out or (failed is not None and failed.timed_out):
             raise TransferError(f"{label} timed out in the sandbox.")
-        detail = failed.detail if failed is not None else result["stderr"]
+        detail = failed.detail if failed is not None else result.stderr
         raise TransferError(_failure(label, result, detail))
 
-    async def _command(self, script: str, stdin: str = "") -> dict[str, Any]:
+    async def _command(self, script: str, stdin: str = "") -> CommandResult:
         """``bash -c script`` in ROOT, no live logs (nothing of an inline transfer reaches a
         log), within what is left of the sync deadline."""
         remaining = anyio.current_effective_deadline() - anyio.current_time()
@@ -256,15 +280,7 @@ class SyncSession:
                 await self.scratches.scratch_removed(scratch.path)
 
 
-def _failure(what: str, result: dict[str, Any], stderr: str) -> str:
+def _failure(what: str, result: CommandResult, stderr: str) -> str:
     detail = stderr.strip()[-300:]
-    code = result["exitCode"] if result["exitCode"] is not None else result.get("signal")
+    code = result.exit_code if result.exit_code is not None else result.signal
     return f"{what} failed in the sandbox (exit {code})" + (f": {detail}" if detail else ".")
-
-
-def _result(op: PlannedOperation, files: int, transferred: int) -> dict[str, Any]:
-    return {
-        "operationId": op.operation_id,
-        "filesTransferred": files,
-        "bytesTransferred": transferred,
-    }

@@ -1,7 +1,7 @@
 """Sync out of one mapping (:class:`provider.driver.transfer.sync.SyncSession` runs it): pack in the
 sandbox into parts, ``GET`` every part into one host file (each must bring exactly the bytes
-the pack step counted), then install the file or validate and extract the archive (spec 5.6).
-A pack result of at most the session's ``inline_out`` bytes comes back in the pack command's
+the pack step counted), then install the file or validate and extract the archive (docs/protocol.md
+5.6). A pack result of at most the session's ``inline_out`` bytes comes back in the pack command's
 own output instead, and the pack command removes its scratch (:mod:`provider.driver.
 sync_inline`): one request for the whole mapping, and the same checks before anything is
 installed.
@@ -10,21 +10,18 @@ installed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
 from provider.driver.transfer import sync_files, sync_inline, sync_parts
 from provider.driver.transfer.archive import extract_archive
+from provider.driver.transfer.sync_mapping import MappingSession
 from provider.driver.transfer.sync_parts import Scratch
 from provider.driver.transfer.sync_plan import FileMapping
 from provider.errors import TransferError
 
-if TYPE_CHECKING:
-    from provider.driver.transfer.sync import SyncSession
 
-
-async def download(session: SyncSession, mapping: FileMapping) -> tuple[int, int]:
+async def download(session: MappingSession, mapping: FileMapping) -> tuple[int, int]:
     """Pack in the sandbox (into parts), GET every part into one host file, then install
     it (file) or validate and extract it (directory)."""
     scratch = sync_parts.new_scratch()
@@ -51,8 +48,8 @@ async def download(session: SyncSession, mapping: FileMapping) -> tuple[int, int
         what = f"Packing {mapping.sandbox_path}"
         packed = await session.control(script, what)
         try:
-            inline = sync_inline.parse_inline(packed["stdout"], session.inline_out)
-            sizes = [] if inline is not None else sync_parts.parse_part_sizes(packed["stdout"])
+            inline = sync_inline.parse_inline(packed.stdout, session.inline_out)
+            sizes = [] if inline is not None else sync_parts.parse_part_sizes(packed.stdout)
         except ValueError as exc:
             raise TransferError(f"{what} failed in the sandbox: {exc}.") from None
         scratch_gone = inline is not None  # the pack command removed it

@@ -1,6 +1,6 @@
 """Small syncs inside their one command: the bytes ride in the exec's stdin or stdout.
 
-With ordinary commands running as one streaming exec each (provider-behavior.md 3.9), a sync
+With ordinary commands running as one streaming exec each (docs/protocol.md 3.9), a sync
 of a small file or tree spends more requests on the files API than on the work: inbound, a
 ``PUT`` and the placing command; outbound, the pack command, a ``GET`` and the scratch removal.
 Small enough archives and files skip the files API (issue 22, item 2):

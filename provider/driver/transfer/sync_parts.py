@@ -132,8 +132,8 @@ def parse_part_sizes(stdout: str) -> list[int]:
 def placement_text(
     scratch: Scratch, kind: Literal["file", "directory"], target: str, mode: int
 ) -> str:
-    """The placement step of one inbound mapping: spec 5.4 step 4 from the scratch file, or
-    from its parts when the upload was split."""
+    """The placement step of one inbound mapping: docs/protocol.md 5.4 step 4 from the scratch
+    file, or from its parts when the upload was split."""
     if scratch.parts:
         if kind == "directory":
             return syncin_parts_dir_command(scratch.path, scratch.parts, target, mode)

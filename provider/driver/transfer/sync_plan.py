@@ -1,4 +1,4 @@
-"""Validation of a whole sync batch before any side effect (provider-behavior.md 5.2).
+"""Validation of a whole sync batch before any side effect (docs/protocol.md 5.2).
 
 ``plan_sync`` checks every operation and mapping (kinds, absolute host paths, modes, confined
 sandbox paths, post-upload commands) and, for inbound directories with ``followSymlinks``, walks

@@ -52,7 +52,8 @@ class FailedStep:
 
 
 def post_upload_steps(command: str, cwd: str, timeout_s: float) -> list[Step]:
-    """The cwd guard, then the command verbatim in that cwd under ``timeout`` (spec 5.9)."""
+    """The cwd guard, then the command verbatim in that cwd under ``timeout`` (docs/protocol.md
+    5.9)."""
     seconds = max(1, math.ceil(timeout_s))
     run = (
         f"cd -- {sandbox_text.quote(cwd)} || exit 1\n"

@@ -1,10 +1,10 @@
 """Sync in of one mapping, up to its placement text
 (:class:`provider.driver.transfer.sync.SyncSession` runs the operation): pack a directory into a
 host archive (exclusions, link policy, special files left out and reported) or take the file
-itself, choose its mode (spec 5.4 step 3), then send its bytes: inline in the operation's command
-when they fit what is left of its stdin (:mod:`provider.driver.transfer.sync_inline`), otherwise
-one streamed ``PUT`` per byte range (:mod:`provider.driver.transfer.sync_parts`). Answers what the
-operation's script needs to place it.
+itself, choose its mode (docs/protocol.md 5.4 step 3), then send its bytes: inline in the
+operation's command when they fit what is left of its stdin
+(:mod:`provider.driver.transfer.sync_inline`), otherwise one streamed ``PUT`` per byte range
+(:mod:`provider.driver.transfer.sync_parts`). Answers what the operation's script needs to place it.
 """
 
 from __future__ import annotations
@@ -12,18 +12,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
 from provider.driver.transfer import sync_files, sync_inline, sync_parts
 from provider.driver.transfer.archive import ArchiveStats, build_directory_archive
+from provider.driver.transfer.sync_mapping import MappingSession
 from provider.driver.transfer.sync_parts import Scratch
 from provider.driver.transfer.sync_plan import FileMapping
 from provider.errors import TransferError
-
-if TYPE_CHECKING:
-    from provider.driver.transfer.sync import SyncSession
 
 
 @dataclass(frozen=True)
@@ -38,7 +35,9 @@ class Upload:
     inline: str | None
 
 
-async def upload(session: SyncSession, mapping: FileMapping, scratch: Scratch, room: int) -> Upload:
+async def upload(
+    session: MappingSession, mapping: FileMapping, scratch: Scratch, room: int
+) -> Upload:
     """Send one mapping to ``scratch``: inline when its base64 fits ``room`` characters (then
     nothing is sent yet and ``scratch.sent`` stays False: the command creates it), otherwise
     by PUT (as parts when it is larger than a part: ``scratch.parts`` is set before the first
@@ -120,7 +119,7 @@ def _read_exactly(path: Path, size: int) -> bytes:
     return content
 
 
-async def _warn_skipped(session: SyncSession, mapping: FileMapping, stats: ArchiveStats) -> None:
+async def _warn_skipped(session: MappingSession, mapping: FileMapping, stats: ArchiveStats) -> None:
     """One warn log line for the sockets, FIFOs and devices a directory upload left out."""
     if session.log is not None:
         names = stats.skipped_names
