@@ -66,9 +66,7 @@ def load_modules(package: str = "provider") -> dict[str, Module]:
     found = (ROOT / package).rglob("*.py")
     modules = {_module_name(p): Module(_module_name(p), p) for p in found}
     for module in modules.values():
-        package = (
-            module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
-        )
+        home = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
         for node, late in _walk(ast.parse(module.path.read_text()).body, late=False):
             targets: list[str] = []
             if isinstance(node, ast.Import):
@@ -76,7 +74,7 @@ def load_modules(package: str = "provider") -> dict[str, Module]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    anchor = home.split(".")[: len(home.split(".")) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
                 submodules = [f"{base}.{alias.name}" for alias in node.names]
                 targets = [t for t in submodules if t in modules] or [base]
@@ -206,3 +204,13 @@ def test_no_import_circles() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_loader_sees_imports() -> None:
+    """The checks above are only as good as the graph: known arrows must be in it (a loader that
+    saw no import at all would pass every layer rule)."""
+    assert "provider.driver.context" in MODULES["provider.driver.service"].eager
+    assert "provider.driver.commands.streamed" in MODULES["provider.driver.commands.execute"].every
+    assert "provider.createos.core" in MODULES["provider.createos.sandboxes"].eager
+    assert "httpx" in MODULES["provider.createos.core"].external
+    assert "provider" not in MODULES["provider.createos.core"].external
