@@ -40,6 +40,7 @@ import anyio.to_thread
 
 from devtools.host_peer import REPO_ROOT
 from devtools.peer_sessions import PeerCallError
+from provider.rpc import wire
 from provider.rpc.stdio import FdReceiveStream, FdSendStream, LineReader
 
 LogCallback = Callable[[str, str], None]
@@ -50,9 +51,6 @@ INITIALIZE_TIMEOUT_S: Final = 15.0
 SHUTDOWN_WAIT_S: Final = 15.0
 EXIT_WAIT_S: Final = 15.0
 DRAIN_WAIT_S: Final = 5.0
-WORKER_GONE: Final = -32000
-TIMED_OUT: Final = -32003
-METHOD_NOT_FOUND: Final = -32601
 
 
 class WorkerCallError(PeerCallError):
@@ -212,7 +210,9 @@ class StdioHost:
         invocation: dict[str, Any] | None = None,
     ) -> Any:
         if self._closed:
-            raise WorkerCallError({"code": WORKER_GONE, "message": "the worker is not running"})
+            raise WorkerCallError(
+                {"code": wire.WORKER_UNAVAILABLE, "message": "the worker is not running"}
+            )
         request_id = next(self._ids)
         done = anyio.Event()
         self._pending[request_id] = done
@@ -225,7 +225,7 @@ class StdioHost:
             with anyio.fail_after(timeout_s):
                 await done.wait()
         except TimeoutError:
-            error = {"code": TIMED_OUT, "message": f"{method} timed out after {timeout_s:g} s"}
+            error = {"code": wire.TIMEOUT, "message": f"{method} timed out after {timeout_s:g} s"}
             raise WorkerCallError(error) from None
         finally:
             self._pending.pop(request_id, None)
@@ -238,13 +238,15 @@ class StdioHost:
     async def _send(self, message: dict[str, Any]) -> None:
         stream = self._send_stream
         if stream is None:
-            raise WorkerCallError({"code": WORKER_GONE, "message": "the worker is not running"})
+            raise WorkerCallError(
+                {"code": wire.WORKER_UNAVAILABLE, "message": "the worker is not running"}
+            )
         line = json.dumps(message, ensure_ascii=True, separators=(",", ":")) + "\n"
         async with self._write_lock:
             try:
                 await stream.send(line.encode())
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-                error = {"code": WORKER_GONE, "message": "the worker closed its input"}
+                error = {"code": wire.WORKER_UNAVAILABLE, "message": "the worker closed its input"}
                 raise WorkerCallError(error) from exc
 
     async def _read_stdout(self, stream: FdReceiveStream) -> None:
@@ -269,7 +271,8 @@ class StdioHost:
             await stream.aclose()
             for request_id, event in list(self._pending.items()):
                 self._answers.setdefault(
-                    request_id, {"error": {"code": WORKER_GONE, "message": "the worker exited"}}
+                    request_id,
+                    {"error": {"code": wire.WORKER_UNAVAILABLE, "message": "the worker exited"}},
                 )
                 event.set()
 
@@ -295,7 +298,10 @@ class StdioHost:
             if method == "config.get":
                 reply["result"] = {}
             else:
-                reply["error"] = {"code": METHOD_NOT_FOUND, "message": f"no host method {method}"}
+                reply["error"] = {
+                    "code": wire.METHOD_NOT_FOUND,
+                    "message": f"no host method {method}",
+                }
             with suppress(WorkerCallError):  # the worker is going away; its calls fail anyway
                 await self._send(reply)
         elif method == "execute.log":
