@@ -72,6 +72,23 @@ def test_a_403_for_another_keys_sandbox_fails_the_run_and_names_it(
     assert_no_key(ran)
 
 
+def test_a_sandbox_without_a_guest_agent_is_a_violation_and_the_run_goes_on(
+    fake: tuple[FakeCreateOS, str], tmp_path: Path
+) -> None:
+    api, origin = fake
+    api.guest_agent = False
+
+    ran = run_doctor(args(origin, tmp_path))
+
+    assert ran.code == 1, ran
+    assert "connection refused" in ran.row(ASSUMPTIONS["guest_agent_pause"])
+    found = outcomes(ran)
+    assert found.pop("guest_agent_pause") == "violated"
+    assert found.pop("retry_after") == "skipped"
+    assert set(found.values()) == {"ok"}, ran.stdout
+    assert_deleted_once(api, ran)
+
+
 def test_without_a_second_key_that_check_is_skipped_and_a_429_seen_is_reported(
     fake: tuple[FakeCreateOS, str], tmp_path: Path
 ) -> None:
