@@ -15,7 +15,6 @@ cannot be installed.
 from __future__ import annotations
 
 import secrets
-import shutil
 import time
 from datetime import datetime
 from typing import Any
@@ -24,16 +23,10 @@ import anyio
 import httpx
 import pytest
 
-from devtools.agent_heartbeat import (
-    STUB_IMAGE,
-    AgentSite,
-    agent_server_env,
-    scratch_root,
-    stage_stub_image,
-)
+from devtools.agent_heartbeat import STUB_IMAGE, AgentSite
 from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from devtools.emulator_process import EmulatorProcess
-from tests.e2e.inspection import assert_emulator_empty
+from tests.e2e.stub_server import run_on_stub_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
 
@@ -113,22 +106,8 @@ async def test_claude_setup_token_login_completes_in_a_sandbox_with_a_deadline()
     with anyio.fail_after(INSTALL_BUDGET_S):
         await ensure_host_installed()
     started = time.monotonic()
-    root = scratch_root("paperclip-login-")
-    api_key = f"emu-key-{secrets.token_hex(8)}"
-    try:
-        with anyio.fail_after(SCENARIO_BUDGET_S):
-            images = {STUB_IMAGE: stage_stub_image(root)}
-            async with EmulatorProcess(root / "emulator", api_key, images=images) as emu:
-                async with PaperclipServer(
-                    root / "paperclip", secrets=[api_key], extra_env=agent_server_env(root)
-                ) as server:
-                    await _scenario(server, emu, api_key)
-                server_log = server.raw_log_text()
-                assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
-                await assert_emulator_empty(emu, "the login")
-            assert emu.leftover_pids == []
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    assert api_key not in server_log
+    server_log = await run_on_stub_server(
+        "paperclip-login-", "the login", SCENARIO_BUDGET_S, _scenario
+    )
     assert "sk-ant-oat01-" not in server_log, "the token reached a log line"
     print(f"\ne2e Claude login: {time.monotonic() - started:.1f} s")
