@@ -6,6 +6,8 @@ start leave nothing behind."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -111,18 +113,12 @@ async def test_the_worker_alone_deletes_the_sandbox_when_the_guard_is_killed(
     print(f"\nworker alone: gone {gone_at - deadline:.2f} s after the deadline")
 
 
-async def test_a_restarted_worker_deletes_an_expired_lease_at_its_first_call(
-    harness: Harness,
-) -> None:
-    deadline = time.time() + MIN_LEAD_SECONDS + 1
-    lease = await harness.methods.acquire(acquire_params(harness, deadline))
-    sandbox_id = lease["providerLeaseId"]
-    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+@asynccontextmanager
+async def restarted_worker(harness: Harness) -> AsyncIterator[DriverService]:
+    """The harness's worker stops (its background jobs, the worker's line, are cancelled) and a
+    new one starts on the same journal, with no lease in memory."""
     old = harness.methods.runtime
-    old.background.cancel()  # the worker stops: neither line is left
-    await anyio.sleep(max(0.0, deadline - time.time()) + 0.5)  # the deadline passes
-    assert sandbox_id in await sandbox_ids(harness)
-
+    old.background.cancel()
     runtime = DriverRuntime(client_factory=unpaced_client, environ={}, journal=old.journal)
 
     async def log(level: str, message: str, meta: dict[str, Any] | None = None) -> None:
@@ -131,13 +127,57 @@ async def test_a_restarted_worker_deletes_an_expired_lease_at_its_first_call(
     async def notify(method: str, params: dict[str, Any]) -> None:
         pass
 
-    restarted = DriverService(runtime, notify=notify, log=log, reaper=Reaper(runtime, log))
     async with runtime.background.running():
-        probe = await restarted.acquire({**harness.acquire_params(workspace=False)})
-        assert sandbox_id not in await sandbox_ids(harness)  # deleted before the call's work
-        await restarted.release(harness.lease_ref(probe))
+        yield DriverService(runtime, notify=notify, log=log, reaper=Reaper(runtime, log))
+
+
+async def first_call(harness: Harness, worker: DriverService) -> None:
+    """Any call with the lease's origin and key: a disposable acquire, then its release."""
+    probe = await worker.acquire(harness.acquire_params(workspace=False))
+    await worker.release(harness.lease_ref(probe))
+
+
+async def test_a_restarted_worker_deletes_an_expired_lease_at_its_first_call(
+    harness: Harness,
+) -> None:
+    deadline = time.time() + MIN_LEAD_SECONDS + 1
+    lease = await harness.methods.acquire(acquire_params(harness, deadline))
+    sandbox_id = lease["providerLeaseId"]
+    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+    harness.methods.runtime.background.cancel()  # the worker stops: neither line is left
+    await anyio.sleep(max(0.0, deadline - time.time()) + 0.5)  # the deadline passes
+    assert sandbox_id in await sandbox_ids(harness)
+    async with restarted_worker(harness) as worker:
+        before = await harness.request_count()
+        probe = await worker.acquire(harness.acquire_params(workspace=False))
+        requests = (await harness.emulator.admin.requests())[before:]
+        assert (requests[0]["method"], requests[0]["path"]) == (
+            "DELETE",
+            f"/v1/sandboxes/{sandbox_id}",
+        )  # deleted first, before the call's own work
+        assert sandbox_id not in await sandbox_ids(harness)
+        await worker.release(harness.lease_ref(probe))
     assert await deletes_by_api(harness, sandbox_id) == 1
-    assert not await anyio.to_thread.run_sync(old.journal.is_expiring, sandbox_id)
+    journal = harness.methods.runtime.journal
+    assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
+
+
+async def test_a_worker_restarted_before_the_deadline_draws_its_line_at_its_first_call(
+    harness: Harness,
+) -> None:
+    deadline = time.time() + MIN_LEAD_SECONDS + 3
+    lease = await harness.methods.acquire(acquire_params(harness, deadline))
+    sandbox_id = lease["providerLeaseId"]
+    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+    async with restarted_worker(harness) as worker:
+        await first_call(harness, worker)
+        assert sandbox_id in await sandbox_ids(harness)  # not before its deadline
+        gone_at = await wait_gone(harness, sandbox_id, within=40)
+        await worker.runtime.background.wait_idle()
+    assert gone_at >= deadline
+    assert await deletes_by_api(harness, sandbox_id) == 1
+    journal = harness.methods.runtime.journal
+    assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
 
 
 async def test_a_guard_that_cannot_reach_the_agent_fails_the_acquire_and_leaves_nothing(

@@ -335,13 +335,13 @@ class LeaseJournal:
     def remove_expiring(self, sandbox_id: str) -> None:
         self._delete("DELETE FROM {db}.expiring WHERE sandbox_id=?", (sandbox_id,))
 
-    def expired(self, api_url: str, key_hash: str, now: float) -> list[str]:
-        """The sandboxes of this origin and key whose deadline is ``now`` or earlier."""
+    def expiring(self, api_url: str, key_hash: str) -> list[tuple[str, float]]:
+        """The leases with a deadline of this origin and key: (sandbox id, deadline)."""
         rows = self._select(
-            "SELECT sandbox_id FROM {db}.expiring WHERE api_url=? AND key_hash=? AND deadline<=?",
-            (api_url, key_hash, now),
+            "SELECT sandbox_id, deadline FROM {db}.expiring WHERE api_url=? AND key_hash=?",
+            (api_url, key_hash),
         )
-        return [sandbox_id for (sandbox_id,) in rows]
+        return [(sandbox_id, float(deadline)) for sandbox_id, deadline in rows]
 
     def is_expiring(self, sandbox_id: str) -> bool:
         return bool(self._select("SELECT 1 FROM {db}.expiring WHERE sandbox_id=?", (sandbox_id,)))

@@ -8,7 +8,8 @@ CreateOS has no server-side lifetime, so a deadline is kept by two independent l
 2. **The worker's line**: while the worker lives, a background job deletes the sandbox at the
    deadline (confirmed); a journal row (sandbox, origin, key hash, deadline) outlives the worker,
    and :func:`delete_expired` (run by recovery at the start of every call with that origin and
-   key, before the call's own work) deletes leases whose deadline has passed.
+   key, before the call's own work) deletes leases whose deadline has passed and draws the line
+   for those still ahead (a worker restarted before the deadline).
 
 Such leases are never reusable and never kept (release deletes), so the reaper never sees them
 paused. The lease answers ``expiresAt`` = the deadline (never later). A deadline in the past, or
@@ -78,18 +79,33 @@ async def remember(
     runtime: DriverRuntime, call: BoundCall, sandbox_id: str, deadline: float
 ) -> None:
     """Journal the lease and start the worker's line (module docstring, 2)."""
-    key_hash = call.scope("").key_hash
-    journal = runtime.journal
     await anyio.to_thread.run_sync(
-        journal.add_expiring, call.config.api_url, key_hash, sandbox_id, deadline
+        runtime.journal.add_expiring,
+        call.config.api_url,
+        call.scope("").key_hash,
+        sandbox_id,
+        deadline,
     )
+    _draw_line(runtime, call, sandbox_id, deadline)
+
+
+def _draw_line(runtime: DriverRuntime, call: BoundCall, sandbox_id: str, deadline: float) -> None:
+    """A background job that deletes the lease at ``deadline`` unless it was released first;
+    one per lease and worker."""
+    if sandbox_id in runtime.expiry_lines:
+        return
+    journal = runtime.journal
 
     async def at_deadline() -> None:
-        await anyio.sleep(max(0.0, deadline - time.time()))
-        if await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id):
-            await delete_expired_lease(runtime, call, sandbox_id)
+        try:
+            await anyio.sleep(max(0.0, deadline - time.time()))
+            if await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id):
+                await delete_expired_lease(runtime, call, sandbox_id)
+        finally:
+            runtime.expiry_lines.discard(sandbox_id)
 
-    runtime.background.start_soon(at_deadline)
+    if runtime.background.start_soon(at_deadline):
+        runtime.expiry_lines.add(sandbox_id)
 
 
 async def forget(runtime: DriverRuntime, sandbox_id: str) -> None:
@@ -114,9 +130,14 @@ async def delete_expired_lease(runtime: DriverRuntime, call: BoundCall, sandbox_
 
 async def delete_expired(runtime: DriverRuntime, call: BoundCall) -> None:
     """Delete every lease of this call's origin and key whose deadline has passed (a worker
-    that was not running at the deadline); no request when there is none."""
-    expired = await anyio.to_thread.run_sync(
-        runtime.journal.expired, call.config.api_url, call.scope("").key_hash, time.time()
+    that was not running at the deadline), and draw the worker's line for the others (a worker
+    restarted before it); no request when none has passed."""
+    rows = await anyio.to_thread.run_sync(
+        runtime.journal.expiring, call.config.api_url, call.scope("").key_hash
     )
-    for sandbox_id in expired:
-        await delete_expired_lease(runtime, call, sandbox_id)
+    now = time.time()
+    for sandbox_id, deadline in rows:
+        if deadline <= now:
+            await delete_expired_lease(runtime, call, sandbox_id)
+        else:
+            _draw_line(runtime, call, sandbox_id, deadline)
