@@ -13,10 +13,11 @@ from typing import Any
 import anyio
 import pytest
 
-from provider.config import parse_config
+from provider.config import EnvironmentConfig, parse_config
+from provider.createos.client import CreateOSClient
 from provider.driver.commands.expiry_guard import PID_FILE
-from provider.driver.core.runtime import DriverRuntime
-from provider.driver.leases.expiry import MIN_LEAD_SECONDS, iso
+from provider.driver.core.runtime import BoundCall, DriverRuntime
+from provider.driver.leases.expiry import MIN_LEAD_SECONDS, delete_expired_at_start, iso
 from provider.driver.leases.reaper import Reaper
 from provider.driver.service import DriverService
 from provider.errors import ProviderError, RequestRefused
@@ -199,3 +200,45 @@ async def test_release_deletes_a_lease_with_a_deadline_and_forgets_it(harness: H
     assert sandbox_id not in await sandbox_ids(harness)
     journal = harness.methods.runtime.journal
     assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
+
+
+async def test_a_worker_starting_after_the_deadline_deletes_what_its_own_key_can_reach(
+    harness: Harness,
+) -> None:
+    """The official endpoint with the worker's own CREATEOS_API_KEY is known without a call
+    (here the client of that endpoint is pointed at the emulator); any other origin waits."""
+    other = await harness.methods.acquire(harness.acquire_params(workspace=False))
+    official = await harness.methods.acquire(harness.acquire_params(workspace=False))
+    journal = harness.methods.runtime.journal
+    config = parse_config({"shape": "s-1vcpu-1gb"})
+    key_hash = BoundCall(config, "test-key", "", "").scope("").key_hash
+    past = time.time() - 1
+    await anyio.to_thread.run_sync(
+        journal.add_expiring, config.api_url, key_hash, official["providerLeaseId"], past
+    )
+    await anyio.to_thread.run_sync(
+        journal.add_expiring,
+        harness.emulator.base_url,
+        key_hash,
+        other["providerLeaseId"],
+        past,
+    )
+
+    def to_emulator(config: EnvironmentConfig, api_key: str) -> CreateOSClient:
+        return unpaced_client(
+            config.model_copy(update={"api_url": harness.emulator.base_url}), api_key
+        )
+
+    runtime = DriverRuntime(
+        client_factory=to_emulator, environ={"CREATEOS_API_KEY": "test-key"}, journal=journal
+    )
+    async with runtime.background.running():
+        await delete_expired_at_start(runtime)
+    left = await sandbox_ids(harness)
+    assert official["providerLeaseId"] not in left
+    assert other["providerLeaseId"] in left  # its origin's key comes with a call only
+    assert not await anyio.to_thread.run_sync(journal.is_expiring, official["providerLeaseId"])
+    runtime_without_key = DriverRuntime(client_factory=to_emulator, environ={}, journal=journal)
+    before = await harness.request_count()
+    await delete_expired_at_start(runtime_without_key)
+    assert await harness.request_count() == before

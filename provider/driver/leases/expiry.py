@@ -9,7 +9,9 @@ CreateOS has no server-side lifetime, so a deadline is kept by two independent l
    deadline (confirmed); a journal row (sandbox, origin, key hash, deadline) outlives the worker,
    and :func:`delete_expired` (run by recovery at the start of every call with that origin and
    key, before the call's own work) deletes leases whose deadline has passed and draws the line
-   for those still ahead (a worker restarted before the deadline).
+   for those still ahead (a worker restarted before the deadline). At worker start,
+   :func:`delete_expired_at_start` does the same for the one origin and key the worker knows
+   without a call (the official endpoint and its own ``CREATEOS_API_KEY``).
 
 Such leases are never reusable and never kept (release deletes), so the reaper never sees them
 paused. The lease answers ``expiresAt`` = the deadline (never later). A deadline in the past, or
@@ -24,15 +26,17 @@ from datetime import UTC, datetime
 
 import anyio
 
+from provider.config import API_KEY_ENV, parse_config, resolve_api_key
 from provider.driver.commands.sandbox_ops import delete_sandbox_confirmed
 from provider.driver.core import gone
 from provider.driver.core.runtime import BoundCall, DriverRuntime
-from provider.errors import ProviderError, RequestRefused
+from provider.errors import ConfigError, ProviderError, RequestRefused
 
 MIN_LEAD_SECONDS = 15.0
 """The shortest lead a deadline may have: a create, its boot to ``running`` and the exec that
 starts and confirms the guard take a few seconds on CreateOS (about 2 s on the emulator); 15 s
 leaves the lease some use before it is deleted rather than answering one already expiring."""
+START_SHAPE = "s-1vcpu-1gb"
 DELETE_BUDGET = 60.0
 """The worker line's bound for one confirmed delete."""
 
@@ -141,3 +145,17 @@ async def delete_expired(runtime: DriverRuntime, call: BoundCall) -> None:
             await delete_expired_lease(runtime, call, sandbox_id)
         else:
             _draw_line(runtime, call, sandbox_id, deadline)
+
+
+async def delete_expired_at_start(runtime: DriverRuntime) -> None:
+    """At worker start, for the one origin and key the worker knows without a call: the
+    official endpoint with the worker's own ``CREATEOS_API_KEY``. Leases of any other origin or
+    key wait for :func:`delete_expired` at a call that brings their config."""
+    if not runtime.environ.get(API_KEY_ENV, "").strip():
+        return
+    try:
+        config = parse_config({"shape": START_SHAPE})  # the shape is never used here
+        api_key = resolve_api_key(config, runtime.environ)
+    except ConfigError:
+        return
+    await delete_expired(runtime, BoundCall(config, api_key, "", ""))
