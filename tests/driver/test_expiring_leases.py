@@ -59,6 +59,21 @@ async def deletes_by_api(harness: Harness, sandbox_id: str) -> int:
     return sum(1 for r in requests if r["method"] == "DELETE" and r["path"] == path)
 
 
+async def acquire_and_kill_the_guard(harness: Harness, deadline: float) -> str:
+    """A lease with ``deadline`` whose guard was killed inside the sandbox (as root could)."""
+    lease = await harness.methods.acquire(acquire_params(harness, deadline))
+    sandbox_id: str = lease["providerLeaseId"]
+    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+    return sandbox_id
+
+
+async def assert_deleted_by_the_worker(harness: Harness, sandbox_id: str) -> None:
+    """One API delete of the sandbox (the guard asks the agent instead), its row dropped."""
+    assert await deletes_by_api(harness, sandbox_id) == 1
+    journal = harness.methods.runtime.journal
+    assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
+
+
 async def test_deadline_in_the_past_or_too_close_is_refused_before_any_request(
     harness: Harness,
 ) -> None:
@@ -101,16 +116,12 @@ async def test_the_worker_alone_deletes_the_sandbox_when_the_guard_is_killed(
     harness: Harness,
 ) -> None:
     deadline = time.time() + 20
-    lease = await harness.methods.acquire(acquire_params(harness, deadline))
-    sandbox_id = lease["providerLeaseId"]
-    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+    sandbox_id = await acquire_and_kill_the_guard(harness, deadline)
     gone_at = await wait_gone(harness, sandbox_id, within=40)
     assert gone_at >= deadline
     await harness.settle()  # the worker's line finishes: confirmed, its row dropped
     assert await harness.emulator.admin.self_history() == []
-    assert await deletes_by_api(harness, sandbox_id) == 1
-    journal = harness.methods.runtime.journal
-    assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
+    await assert_deleted_by_the_worker(harness, sandbox_id)
     print(f"\nworker alone: gone {gone_at - deadline:.2f} s after the deadline")
 
 
@@ -142,9 +153,7 @@ async def test_a_restarted_worker_deletes_an_expired_lease_at_its_first_call(
     harness: Harness,
 ) -> None:
     deadline = time.time() + MIN_LEAD_SECONDS + 1
-    lease = await harness.methods.acquire(acquire_params(harness, deadline))
-    sandbox_id = lease["providerLeaseId"]
-    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+    sandbox_id = await acquire_and_kill_the_guard(harness, deadline)
     harness.methods.runtime.background.cancel()  # the worker stops: neither line is left
     await anyio.sleep(max(0.0, deadline - time.time()) + 0.5)  # the deadline passes
     assert sandbox_id in await sandbox_ids(harness)
@@ -158,27 +167,21 @@ async def test_a_restarted_worker_deletes_an_expired_lease_at_its_first_call(
         )  # deleted first, before the call's own work
         assert sandbox_id not in await sandbox_ids(harness)
         await worker.release(harness.lease_ref(probe))
-    assert await deletes_by_api(harness, sandbox_id) == 1
-    journal = harness.methods.runtime.journal
-    assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
+    await assert_deleted_by_the_worker(harness, sandbox_id)
 
 
 async def test_a_worker_restarted_before_the_deadline_draws_its_line_at_its_first_call(
     harness: Harness,
 ) -> None:
     deadline = time.time() + MIN_LEAD_SECONDS + 3
-    lease = await harness.methods.acquire(acquire_params(harness, deadline))
-    sandbox_id = lease["providerLeaseId"]
-    await sh(harness, sandbox_id, f'kill -9 "$(cat {PID_FILE})"')
+    sandbox_id = await acquire_and_kill_the_guard(harness, deadline)
     async with restarted_worker(harness) as worker:
         await first_call(harness, worker)
         assert sandbox_id in await sandbox_ids(harness)  # not before its deadline
         gone_at = await wait_gone(harness, sandbox_id, within=40)
         await worker.runtime.background.wait_idle()
     assert gone_at >= deadline
-    assert await deletes_by_api(harness, sandbox_id) == 1
-    journal = harness.methods.runtime.journal
-    assert not await anyio.to_thread.run_sync(journal.is_expiring, sandbox_id)
+    await assert_deleted_by_the_worker(harness, sandbox_id)
 
 
 async def test_a_guard_that_cannot_reach_the_agent_fails_the_acquire_and_leaves_nothing(
