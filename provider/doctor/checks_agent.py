@@ -15,6 +15,7 @@ from typing import Final
 
 import anyio
 
+from provider.createos.errors import Conflict
 from provider.doctor.checks_sandbox import POLL_S, wait_status
 from provider.doctor.checks_streams import Target
 from provider.doctor.report import Finding, ok, violated
@@ -35,7 +36,10 @@ async def guest_agent_pause(target: Target) -> Finding:
     client, sandbox_id = target.wire.client, target.sandbox_id
     await client.exec(sandbox_id, "/bin/bash", ["-c", ASK_PAUSE])
     while (view := await client.get_sandbox(sandbox_id)).status == "running":
-        refused = await client.exec(sandbox_id, "/bin/cat", [ANSWER_PATH])
+        try:
+            refused = await client.exec(sandbox_id, "/bin/cat", [ANSWER_PATH])
+        except Conflict:
+            continue  # it paused between the read and the exec: the next read says so
         answered = refused.exit_code == 0 and refused.stdout  # else: not written yet
         if answered and not refused.stdout.startswith("HTTP/1.1 202"):
             return violated(key, f"the agent answered {refused.stdout.strip()!r}")

@@ -38,7 +38,8 @@ class Box:
     last_touch: float = field(default_factory=time.monotonic)
 
     def view(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "status": self.status}
+        status = "running" if self.status == "pausing-late" else self.status  # not yet seen
+        return {"id": self.id, "name": self.name, "status": status}
 
 
 @dataclass
@@ -49,7 +50,8 @@ class FakeCreateOS:
     ``Retry-After``, ``""`` for none), ``delete_delay`` (seconds a sandbox delete takes),
     ``connect_heartbeats`` (off: a silent process's ``connect`` sends nothing until its exit),
     ``sse`` (the exec stream frames lines as ``data: {...}`` and adds ``: ping`` comments),
-    ``guest_agent`` (off: ``127.0.0.1:1029`` refuses inside the sandbox)."""
+    ``guest_agent`` (off: ``127.0.0.1:1029`` refuses inside the sandbox), ``agent_pause_late``
+    (the sandbox pauses only as the next exec arrives, which answers 409)."""
 
     foreign_status: int = 404
     idle_pauses: bool = True
@@ -60,6 +62,7 @@ class FakeCreateOS:
     connect_heartbeats: bool = True
     sse: bool = False
     guest_agent: bool = True
+    agent_pause_late: bool = False
     agent_answer: str | None = None
     boxes: dict[str, Box] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
@@ -135,6 +138,8 @@ class FakeCreateOS:
         if rest in ("/pause", "/resume"):
             box.status = "paused" if rest == "/pause" else "running"
             return _ok(box.view())
+        if box.status == "pausing-late":
+            box.status = "paused"
         if box.status != "running":
             return _fail(409)
         if rest == "/exec":
@@ -155,7 +160,7 @@ class FakeCreateOS:
         script = body["args"][-1]
         if "127.0.0.1/1029" in script:  # the guest agent check asks the sandbox to pause
             if self.guest_agent:
-                box.status = "paused"
+                box.status = "pausing-late" if self.agent_pause_late else "paused"
                 self.agent_answer = "HTTP/1.1 202 Accepted"
             else:
                 self.agent_answer = "no answer (connection refused or closed)"

@@ -90,6 +90,18 @@ def test_a_sandbox_without_a_guest_agent_is_a_violation_and_the_run_goes_on(
     assert_deleted_once(api, ran)
 
 
+def test_a_sandbox_that_pauses_as_the_next_exec_arrives_still_passes_the_agent_check(
+    fake: tuple[FakeCreateOS, str], tmp_path: Path
+) -> None:
+    api, origin = fake
+    api.agent_pause_late = True
+
+    ran = run_doctor(args(origin, tmp_path))
+
+    assert ran.row(ASSUMPTIONS["guest_agent_pause"]).startswith("ok"), ran.stdout
+    assert ran.code == 0, ran
+
+
 def test_without_a_second_key_that_check_is_skipped_and_a_429_seen_is_reported(
     fake: tuple[FakeCreateOS, str], tmp_path: Path
 ) -> None:
