@@ -36,6 +36,7 @@ ASSUMPTIONS: Final[dict[str, str]] = {
     "put_creates_parents": "PUT /files creates missing parent folders",
     "paused_sandbox": "exec and files on a paused sandbox answer 409 (no auto-resume)",
     "foreign_sandbox": "another key's sandbox answers 404, not 403",
+    "guest_agent_pause": "POST /self/pause to 127.0.0.1:1029 from inside pauses the sandbox",
     "retry_after": "a 429 carries Retry-After",
 }
 

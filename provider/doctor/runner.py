@@ -4,8 +4,8 @@
    and wait until it runs.
 2. Concurrently: the stream checks, ``PUT /files`` parents, another key's view, and the list
    filter while the sandbox runs. Every command they start ends by itself.
-3. Alone (nothing else may touch the sandbox): arm the idle pause, then the auto-pause and
-   keepalive check.
+3. Alone (nothing else may touch the sandbox): the in-guest agent pauses the sandbox on request
+   (it is resumed after); then arm the idle pause, then the auto-pause and keepalive check.
 4. With the sandbox paused (paused explicitly when it did not pause itself): the list filter
    again and the answers of a paused sandbox.
 
@@ -27,6 +27,7 @@ from typing import Final
 import anyio
 
 from provider.createos.errors import APIStatusError, CreateOSError, NotFound
+from provider.doctor import checks_agent as agent_checks
 from provider.doctor import checks_commands as command_checks
 from provider.doctor import checks_sandbox as sandbox_checks
 from provider.doctor import checks_streams as stream_checks
@@ -142,6 +143,13 @@ async def _phases(
             _optional(sandbox_checks.paused_filter_while_running, target),
         )
     result.found.extend(filter_violation)
+    say("checking the in-guest agent: the sandbox pauses itself, then it is resumed")
+    await _guarded(
+        result.found,
+        ["guest_agent_pause"],
+        2 * CHECK_S,
+        _one(agent_checks.guest_agent_pause, target),
+    )
     window = options.auto_pause_seconds
     say(f"checking the idle auto-pause of a {window} s window (about {4 * window} s)")
     await _guarded(

@@ -19,6 +19,7 @@ from provider.verbs import SERVED_VERBS
 
 if TYPE_CHECKING:
     from provider.driver.core.background import BackgroundTasks
+    from provider.driver.core.runtime import DriverRuntime
     from provider.driver.service import DriverService
 
 MethodHandler = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -30,6 +31,7 @@ VERBS: tuple[str, ...] = SERVED_VERBS
 
 _service: DriverService | None = None
 _background: BackgroundTasks | None = None
+_runtime: DriverRuntime | None = None
 
 
 def _background_tasks() -> BackgroundTasks:
@@ -43,20 +45,36 @@ def _background_tasks() -> BackgroundTasks:
 
 @asynccontextmanager
 async def background() -> AsyncIterator[None]:
-    """Run the driver's background tasks for the duration of the block (the worker's life)."""
-    async with _background_tasks().running():
+    """Run the driver's background tasks for the duration of the block (the worker's life);
+    the first one deletes leases whose deadline passed while no worker ran (those it can)."""
+    tasks = _background_tasks()
+    async with tasks.running():
+        tasks.start_soon(_expired_at_start)
         yield
+
+
+async def _expired_at_start() -> None:
+    from provider.driver.leases.expiry import delete_expired_at_start
+
+    await delete_expired_at_start(_driver_runtime())
+
+
+def _driver_runtime() -> DriverRuntime:
+    global _runtime
+    if _runtime is None:
+        from provider.driver.core.runtime import DriverRuntime
+        from provider.driver.core.state_folder import open_journal
+
+        _runtime = DriverRuntime(journal=open_journal(), background=_background_tasks())
+    return _runtime
 
 
 def _service_for(notify: Notify, log: Log) -> DriverService:
     global _service
     if _service is None:
-        from provider.driver.core.runtime import DriverRuntime
-        from provider.driver.core.state_folder import open_journal
         from provider.driver.service import DriverService
 
-        runtime = DriverRuntime(journal=open_journal(), background=_background_tasks())
-        _service = DriverService(runtime, notify=notify, log=log)
+        _service = DriverService(_driver_runtime(), notify=notify, log=log)
     return _service
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from werkzeug import Request, Response
 
+from provider.doctor.checks_agent import ANSWER_PATH
+
 KEY = "doctor-key-Q7x-not-for-output"
 OTHER_KEY = "doctor-other-key-not-for-output"
 HEARTBEAT_S = 0.2
@@ -36,7 +38,8 @@ class Box:
     last_touch: float = field(default_factory=time.monotonic)
 
     def view(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "status": self.status}
+        status = "running" if self.status == "pausing-late" else self.status  # not yet seen
+        return {"id": self.id, "name": self.name, "status": status}
 
 
 @dataclass
@@ -46,7 +49,9 @@ class FakeCreateOS:
     create happens but answers 500), ``limit_once`` (the first list answers 429 with this
     ``Retry-After``, ``""`` for none), ``delete_delay`` (seconds a sandbox delete takes),
     ``connect_heartbeats`` (off: a silent process's ``connect`` sends nothing until its exit),
-    ``sse`` (the exec stream frames lines as ``data: {...}`` and adds ``: ping`` comments)."""
+    ``sse`` (the exec stream frames lines as ``data: {...}`` and adds ``: ping`` comments),
+    ``guest_agent`` (off: ``127.0.0.1:1029`` refuses inside the sandbox), ``agent_pause_late``
+    (the sandbox pauses only as the next exec arrives, which answers 409)."""
 
     foreign_status: int = 404
     idle_pauses: bool = True
@@ -56,6 +61,9 @@ class FakeCreateOS:
     delete_delay: float = 0.0
     connect_heartbeats: bool = True
     sse: bool = False
+    guest_agent: bool = True
+    agent_pause_late: bool = False
+    agent_answer: str | None = None
     boxes: dict[str, Box] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     log: list[tuple[str, str, int]] = field(default_factory=list)
@@ -127,13 +135,15 @@ class FakeCreateOS:
                 box.window = json.loads(request.get_data())["auto_pause_after_seconds"]
                 self.armed.set()
             return _ok(box.view())
-        if rest == "/pause":
-            box.status = "paused"
+        if rest in ("/pause", "/resume"):
+            box.status = "paused" if rest == "/pause" else "running"
             return _ok(box.view())
+        if box.status == "pausing-late":
+            box.status = "paused"
         if box.status != "running":
             return _fail(409)
         if rest == "/exec":
-            return self._exec(json.loads(request.get_data()))
+            return self._exec(json.loads(request.get_data()), box)
         if rest == "/processes":
             return _ok({"process_id": "proc_fake1", "state": "running"})
         if rest.endswith("/connect"):
@@ -146,8 +156,19 @@ class FakeCreateOS:
             return Response(self.files[request.args["path"]], 200)
         return _fail(404)
 
-    def _exec(self, body: dict[str, Any]) -> Response:
+    def _exec(self, body: dict[str, Any], box: Box) -> Response:
         script = body["args"][-1]
+        if "127.0.0.1/1029" in script:  # the guest agent check asks the sandbox to pause
+            if self.guest_agent:
+                box.status = "pausing-late" if self.agent_pause_late else "paused"
+                self.agent_answer = "HTTP/1.1 202 Accepted"
+            else:
+                self.agent_answer = "no answer (connection refused or closed)"
+            return _ok({"result": {"stdout": "", "stderr": "", "exit_code": 0}})
+        if body["cmd"] == "/bin/cat" and script == ANSWER_PATH:
+            found = self.agent_answer
+            result = {"stdout": found or "", "stderr": "", "exit_code": 0 if found else 1}
+            return _ok({"result": result})
         if body["cmd"] == "/usr/bin/env" or "paperclip-kill" in script:
             return _run_for_real(body)  # the worker's own command path (its token, its kill)
         if not body.get("stream"):

@@ -54,6 +54,17 @@ def outcomes(ran: Ran) -> dict[str, str]:
     return found
 
 
+def assert_only_violation(ran: Ran, key: str, observed: str) -> None:
+    """The run exits 1 with ``key`` violated (its row naming ``observed``), the 429 check
+    skipped and every other check ok."""
+    assert ran.code == cli.EXIT_VIOLATED, ran
+    assert observed in ran.row(ASSUMPTIONS[key])
+    found = outcomes(ran)
+    assert found.pop(key) == "violated"
+    assert found.pop("retry_after") == "skipped"
+    assert set(found.values()) == {"ok"}, ran.stdout
+
+
 def test_a_403_for_another_keys_sandbox_fails_the_run_and_names_it(
     fake: tuple[FakeCreateOS, str], tmp_path: Path
 ) -> None:
@@ -62,15 +73,34 @@ def test_a_403_for_another_keys_sandbox_fails_the_run_and_names_it(
 
     ran = run_doctor(args(origin, tmp_path))
 
-    assert ran.code == cli.EXIT_VIOLATED, ran
-    assert "HTTP 403" in ran.row(ASSUMPTIONS["foreign_sandbox"])
-    found = outcomes(ran)
-    assert found.pop("foreign_sandbox") == "violated"
-    assert found.pop("retry_after") == "skipped"
-    assert set(found.values()) == {"ok"}, ran.stdout
+    assert_only_violation(ran, "foreign_sandbox", "HTTP 403")
     assert api.count("POST", "/v1/sandboxes") == 1
     assert_deleted_once(api, ran)
     assert_no_key(ran)
+
+
+def test_a_sandbox_without_a_guest_agent_is_a_violation_and_the_run_goes_on(
+    fake: tuple[FakeCreateOS, str], tmp_path: Path
+) -> None:
+    api, origin = fake
+    api.guest_agent = False
+
+    ran = run_doctor(args(origin, tmp_path))
+
+    assert_only_violation(ran, "guest_agent_pause", "connection refused")
+    assert_deleted_once(api, ran)
+
+
+def test_a_sandbox_that_pauses_as_the_next_exec_arrives_still_passes_the_agent_check(
+    fake: tuple[FakeCreateOS, str], tmp_path: Path
+) -> None:
+    api, origin = fake
+    api.agent_pause_late = True
+
+    ran = run_doctor(args(origin, tmp_path))
+
+    assert ran.row(ASSUMPTIONS["guest_agent_pause"]).startswith("ok"), ran.stdout
+    assert ran.code == 0, ran
 
 
 def test_without_a_second_key_that_check_is_skipped_and_a_429_seen_is_reported(

@@ -15,8 +15,6 @@ Node or the server cannot be installed.
 from __future__ import annotations
 
 import re
-import secrets
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -32,13 +30,10 @@ from devtools.agent_heartbeat import (
     STUB_IMAGE,
     AgentSite,
     HeartbeatRun,
-    agent_server_env,
-    scratch_root,
-    stage_stub_image,
 )
 from devtools.e2e_server import REPO_ROOT, PaperclipServer, ensure_host_installed
 from devtools.emulator_process import EmulatorProcess
-from tests.e2e.inspection import assert_emulator_empty, cmdline_mentions
+from tests.e2e.stub_server import run_on_stub_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.slow]
 
@@ -185,24 +180,8 @@ async def test_an_agent_heartbeat_runs_in_the_sandbox_and_leaves_nothing_behind(
     started = time.monotonic()
     with anyio.fail_after(INSTALL_BUDGET_S):
         await ensure_host_installed()
-    root = scratch_root("paperclip-heartbeat-")
-    api_key = f"emu-key-{secrets.token_hex(8)}"
-    try:
-        with anyio.fail_after(SCENARIO_BUDGET_S):
-            images = {STUB_IMAGE: stage_stub_image(root)}
-            async with EmulatorProcess(root / "emulator", api_key, images=images) as emu:
-                server_env = agent_server_env(root)
-                async with PaperclipServer(
-                    root / "paperclip", secrets=[api_key], extra_env=server_env
-                ) as server:
-                    await _scenario(server, emu, api_key)
-                server_log = server.raw_log_text()  # unredacted: the key check must be able to fail
-                assert server.leftover_pids == [], "processes outlived the server's SIGTERM"
-                await assert_emulator_empty(emu, "heartbeats")
-            assert emu.leftover_pids == []
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    assert cmdline_mentions(str(root)) == [], "a process still refers to the test's folder"
-    assert api_key not in server_log
+    server_log = await run_on_stub_server(
+        "paperclip-heartbeat-", "heartbeats", SCENARIO_BUDGET_S, _scenario
+    )
     assert "worker process crashed" not in server_log
     print(f"\ne2e agent heartbeats: {time.monotonic() - started:.1f} s")

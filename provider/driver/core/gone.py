@@ -35,6 +35,7 @@ MEMORY_CAP: Final = 4_096
 TTL_SECONDS: Final = 24 * 3600.0
 RELEASED: Final = "was deleted when the lease was released"
 DESTROYED: Final = "was deleted when the lease was destroyed"
+EXPIRED: Final = "was deleted at its lease's deadline (requestedExpiresAt)"
 NOT_FOUND: Final = "no longer exists (CreateOS answered 404 for it)"
 SANDBOX_OPERATIONS: Final = frozenset({"start process", "run command", "read sandbox"})
 """Operations whose 404 means the sandbox itself is gone."""

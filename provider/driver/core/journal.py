@@ -18,6 +18,8 @@ safe for several worker processes at once) in the worker's state folder:
 - ``gone``: sandboxes this worker deleted or CreateOS answered 404 for, so calls on their
   leases are refused without a request after a restart too (provider.driver.core.gone); the newest
   :data:`GONE_CAP` rows are kept.
+- ``expiring``: leases acquired with a deadline (``requestedExpiresAt``), until released, so a
+  worker restarted after the deadline deletes them (provider.driver.leases.expiry).
 
 Entries carry an *owner* ``<pid>:<start time>:<boot id>`` (see :func:`current_owner`). An entry
 whose owner is no longer alive was left by a crashed worker: the next call that carries the same
@@ -65,6 +67,8 @@ CREATE TABLE IF NOT EXISTS {db}.kept_forks (
 CREATE TABLE IF NOT EXISTS {db}.gone (
   api_url TEXT, key_hash TEXT, lease_id TEXT, reason TEXT, recorded_at REAL,
   PRIMARY KEY (api_url, key_hash, lease_id));
+CREATE TABLE IF NOT EXISTS {db}.expiring (
+  sandbox_id TEXT PRIMARY KEY, api_url TEXT, key_hash TEXT, deadline REAL);
 """
 """The tables, in schema ``{db}`` (``main``, or ``legacy`` for an attached legacy journal)."""
 _LEGACY_ROWS = (
@@ -318,6 +322,29 @@ class LeaseJournal:
         own listing shows (a rotated key still sees the account's sandboxes)."""
         rows = self._select("SELECT sandbox_id FROM {db}.kept_forks WHERE tag=?", (tag,))
         return frozenset(sandbox_id for (sandbox_id,) in rows)
+
+    # -- expiring leases ----------------------------------------------------------------------
+
+    def add_expiring(self, api_url: str, key_hash: str, sandbox_id: str, deadline: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO expiring VALUES (?,?,?,?)",
+                (sandbox_id, api_url, key_hash, deadline),
+            )
+
+    def remove_expiring(self, sandbox_id: str) -> None:
+        self._delete("DELETE FROM {db}.expiring WHERE sandbox_id=?", (sandbox_id,))
+
+    def expiring(self, api_url: str, key_hash: str) -> list[tuple[str, float]]:
+        """The leases with a deadline of this origin and key: (sandbox id, deadline)."""
+        rows = self._select(
+            "SELECT sandbox_id, deadline FROM {db}.expiring WHERE api_url=? AND key_hash=?",
+            (api_url, key_hash),
+        )
+        return [(sandbox_id, float(deadline)) for sandbox_id, deadline in rows]
+
+    def is_expiring(self, sandbox_id: str) -> bool:
+        return bool(self._select("SELECT 1 FROM {db}.expiring WHERE sandbox_id=?", (sandbox_id,)))
 
     # -- gone sandboxes -----------------------------------------------------------------------
 

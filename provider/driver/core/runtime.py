@@ -57,6 +57,8 @@ class DriverRuntime:
     keepalive_interval: Callable[[int], float] = default_interval
     #: (origin, key hash) pairs whose open creates a background job is looking for
     create_watches: set[tuple[str, str]] = field(default_factory=set)
+    #: leases with a deadline this worker deletes when it comes (provider.driver.leases.expiry)
+    expiry_lines: set[str] = field(default_factory=set)
     #: sandboxes known to be gone (deleted or 404), backed by the journal
     gone: GoneLeases = field(init=False)
 

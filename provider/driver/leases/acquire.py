@@ -12,6 +12,7 @@ sessions (:mod:`provider.driver.setup.templates`) provision the same way.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,11 @@ import anyio
 
 from provider.createos.client import CreateOSClient
 from provider.createos.wire import Wire
+from provider.driver.commands.expiry_guard import (
+    AGENT_UNREACHABLE,
+    GUARD_NOT_RUNNING,
+    start_and_confirm,
+)
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.names import name_token
 from provider.driver.core.ownership import PROVIDER_NAME
@@ -34,14 +40,24 @@ from provider.driver.core.runtime import (
 from provider.driver.leases.answers import LeaseAnswer
 from provider.driver.leases.create_outcome import create_sandbox, delete_after_failure, fork_sandbox
 from provider.driver.leases.create_watch import watch_creates
+from provider.driver.leases.expiry import iso, parse_deadline, remember
 from provider.driver.leases.forks import fork_token
 from provider.driver.leases.placement import Placement, plan_placement
 from provider.driver.leases.recovery import recover_orphans
 from provider.driver.leases.running import when_running
-from provider.errors import CleanupUnconfirmed, ProviderError, RequestRefused
+from provider.errors import CleanupUnconfirmed, ProviderError
 
 MARKER_DIR = f"{ROOT}/.paperclip-runtime"
 MARKER_PATH = f"{MARKER_DIR}/.paperclip-createos-lease"
+
+GUARD_FAILURES = {
+    GUARD_NOT_RUNNING: "The lease's expiry guard did not start in sandbox {sandbox_id} (no "
+    "running guard process after 5 s); the sandbox was deleted. The image must provide bash, "
+    "setsid and coreutils.",
+    AGENT_UNREACHABLE: "The lease's expiry guard cannot reach the sandbox's in-guest agent "
+    "(127.0.0.1:1029 did not answer), so sandbox {sandbox_id} could not delete itself at the "
+    "deadline; it was deleted. A lease with requestedExpiresAt needs the agent.",
+}
 
 LeaseHook = Callable[[BoundCall, str], None]
 """Told the call and the lease id of a reusable or kept lease; returns at once."""
@@ -50,18 +66,14 @@ LeaseHook = Callable[[BoundCall, str], None]
 async def acquire(
     runtime: DriverRuntime, params: AcquireParams, *, on_reusable: LeaseHook | None = None
 ) -> LeaseAnswer:
-    if params.requestedExpiresAt:
-        raise RequestRefused(
-            "CreateOS cannot bound a lease's lifetime (it has no hard expiry), so a lease with "
-            "requestedExpiresAt cannot be honoured."
-        )
+    expires = parse_deadline(params.requestedExpiresAt)  # refused before any request
     call = bind_call(runtime, params)
     placement = plan_placement(
         call.config,
         adapter_type=params.adapterType,
         workspace_settings=params.executionWorkspaceSettings,
         execution_workspace_id=params.executionWorkspaceId,
-        agent_id=params.agentId,
+        agent_id=params.agentId if expires is None else None,  # never reusable, never kept
     )
     await recover_orphans(runtime, call)
     create = Wire()
@@ -69,7 +81,7 @@ async def acquire(
         async with runtime.client_factory(call.config, call.api_key) as client:
             with deadline(call.timeout, "Acquiring a CreateOS sandbox", wire=create):
                 sandbox_id, marker = await provision_sandbox(
-                    client, call, runtime.journal, placement, wire=create
+                    client, call, runtime.journal, placement, wire=create, expires=expires
                 )
     except BaseException:
         if create.sent:  # its outcome may be open: look for it without waiting for a call
@@ -81,7 +93,12 @@ async def acquire(
         )
     if placement.reusable and on_reusable is not None:
         on_reusable(call, sandbox_id)
-    return LeaseAnswer(call, sandbox_id, lease_metadata(call, marker, placement))
+    metadata = lease_metadata(call, marker, placement)
+    if expires is None:
+        return LeaseAnswer(call, sandbox_id, metadata)
+    with anyio.CancelScope(shield=True):  # the guard runs: the worker's line must be drawn too
+        await remember(runtime, call, sandbox_id, expires)
+    return LeaseAnswer(call, sandbox_id, {**metadata, "expiresAt": iso(expires)}, iso(expires))
 
 
 def lease_metadata(call: BoundCall, marker: str, placement: Placement) -> dict[str, Any]:
@@ -119,12 +136,15 @@ async def provision_sandbox(
     *,
     name: str | None = None,
     wire: Wire | None = None,
+    expires: float | None = None,
 ) -> tuple[str, str]:
     """Create (or fork) a sandbox, bring it to ``running`` and prepare the workspace and marker;
     returns its id and the marker. ``name``: the create's name token (default
     ``pc-<scope tag>-<uuid>``); a fork takes none and carries a fork token instead
     (:func:`provider.driver.leases.forks.fork_token`). ``wire`` follows the create's request: one
-    that never left the rate-limit queue created nothing, so nothing is looked for.
+    that never left the rate-limit queue created nothing, so nothing is looked for. ``expires``
+    (epoch seconds): the same exec that prepares the workspace starts and confirms the expiry
+    guard (:mod:`provider.driver.commands.expiry_guard`).
 
     Runs under the caller's deadline. Whatever fails after the create deletes the sandbox again
     (under a fresh, shielded deadline) before the error propagates. The token (name or fork
@@ -155,7 +175,9 @@ async def provision_sandbox(
                 client, call, placement, token, on_unresolved=mark_unresolved, wire=wire
             )
             patch = None
-        marker = await prepare_sandbox(client, call, sandbox_id, status=status, patch=patch)
+        marker = await prepare_sandbox(
+            client, call, sandbox_id, status=status, patch=patch, expires=expires
+        )
         return sandbox_id, marker
     except CleanupUnconfirmed:
         unresolved = True
@@ -173,6 +195,7 @@ async def prepare_sandbox(
     *,
     status: str | None,
     patch: dict[str, Any] | None = None,
+    expires: float | None = None,
 ) -> str:
     """The guarded block of 2.3.4 on a sandbox just created or forked (``status``: what that
     answered): wait for ``running``, apply ``patch`` (``patch_sandbox`` keywords; a fork's
@@ -193,12 +216,16 @@ async def prepare_sandbox(
         # gets no read first: the exec is the read, and its 409 (nothing ran) makes us poll.
         marker = str(uuid.uuid4())
         script = f"mkdir -p -- '{MARKER_DIR}' && printf '%s' '{marker}' > '{MARKER_PATH}'"
+        if expires is not None:
+            script = f"{{ {script}; }} || exit 1{start_and_confirm(math.ceil(expires))}"
         prepared = await when_running(
             client,
             sandbox_id,
             status or "running",
             lambda: client.exec(sandbox_id, "/bin/bash", ["-lc", script]),
         )
+        if expires is not None and prepared.exit_code in GUARD_FAILURES:
+            raise ProviderError(GUARD_FAILURES[prepared.exit_code].format(sandbox_id=sandbox_id))
         if prepared.exit_code != 0:
             raise ProviderError(
                 f"Could not prepare {ROOT} in the sandbox (exit code {prepared.exit_code}); the "

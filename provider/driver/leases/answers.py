@@ -21,6 +21,7 @@ class LeaseAnswer:
     call: BoundCall
     lease_id: str | None
     metadata: dict[str, Any]
+    expires_at: str | None = None  # ISO 8601: the deadline of a lease acquired with one
 
     @classmethod
     def gone(cls, call: BoundCall) -> LeaseAnswer:
@@ -30,7 +31,11 @@ class LeaseAnswer:
     def wire(self) -> dict[str, Any]:
         if self.lease_id is None:
             return {"providerLeaseId": None, "metadata": self.metadata}
-        return {"providerLeaseId": self.lease_id, "metadata": self.metadata, "expiresAt": None}
+        return {
+            "providerLeaseId": self.lease_id,
+            "metadata": self.metadata,
+            "expiresAt": self.expires_at,
+        }
 
 
 @dataclass(frozen=True)

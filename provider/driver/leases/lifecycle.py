@@ -6,8 +6,9 @@ lease's stored egress list (when the sandbox holds another); a lease whose place
 matches the config is gone without a request. Release keeps a keepable lease
 (:mod:`provider.driver.leases.placement`): *warm* (window of 60 s or more: every process tree is
 confirmed gone, the sandbox keeps running until CreateOS idle-pauses it) or paused (window 0);
-any other lease is deleted, and destroy always deletes. Resume and the pausing release make no
-request that the next one makes redundant (:mod:`provider.driver.leases.running`).
+any other lease (one with a deadline included) is deleted, and destroy always deletes. Resume
+and the pausing release make no request that the next one makes redundant
+(:mod:`provider.driver.leases.running`).
 Every refusal happens before the first HTTP request. The ``on_kept`` hook tells the reaper
 about kept sandboxes; it must not wait.
 """
@@ -38,6 +39,7 @@ from provider.driver.core.runtime import (
 from provider.driver.core.tracker import ScopeKey
 from provider.driver.leases.acquire import MARKER_PATH, LeaseHook
 from provider.driver.leases.answers import LeaseAnswer, Realized, Released
+from provider.driver.leases.expiry import forget
 from provider.driver.leases.placement import (
     egress_in_place,
     is_keepable,
@@ -99,7 +101,13 @@ async def resume(runtime: DriverRuntime, params: LeaseIdParams) -> LeaseAnswer:
                 return LeaseAnswer.gone(call)
     if check.exit_code != 0 or check.stdout != marker:
         return LeaseAnswer.gone(call)
-    return LeaseAnswer(call, sandbox_id, {**metadata, "resumedLease": True})
+    expires_at = metadata.get("expiresAt")  # a lease with a deadline keeps answering it
+    return LeaseAnswer(
+        call,
+        sandbox_id,
+        {**metadata, "resumedLease": True},
+        expires_at if isinstance(expires_at, str) else None,
+    )
 
 
 # -- release / destroy ---------------------------------------------------------------------
@@ -134,6 +142,7 @@ async def release(
             await runtime.gone.mark(scope, gone.DESTROYED if destroy else gone.RELEASED)
             await runtime.clear_poison(scope)
             await anyio.to_thread.run_sync(runtime.journal.remove_kept_fork, sandbox_id)
+            await forget(runtime, sandbox_id)
             return Released(sandbox_id, "destroyed")
         _refuse_if_unconfirmed(runtime, scope)
         try:

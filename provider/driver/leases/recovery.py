@@ -8,7 +8,9 @@ the token, as its name or as a fork's env key, is deleted; one not found yet is 
 while the journal watches it), host temp folders of interrupted transfers (removed), and their
 sandbox scratch files (removed with one ``exec`` each; the row is kept for a later call only
 when CreateOS could not be reached, so a sandbox since deleted does not cost a request forever).
-Nothing happens, and no HTTP request is made, when the journal holds no orphan for that origin
+Leases whose deadline (``requestedExpiresAt``) has passed are deleted first
+(:func:`provider.driver.leases.expiry.delete_expired`). Nothing happens, and no HTTP request is
+made, when the journal holds no orphan for that origin
 and key.
 """
 
@@ -31,6 +33,7 @@ from provider.driver.commands.sandbox_ops import (
 from provider.driver.core.journal import LeaseJournal
 from provider.driver.core.runtime import BoundCall, DriverRuntime, owned_scope
 from provider.driver.core.tracker import ScopeKey
+from provider.driver.leases.expiry import delete_expired
 from provider.errors import ProviderError
 
 RECOVERY_BUDGET = 30.0
@@ -46,6 +49,7 @@ async def recover_orphans(runtime: DriverRuntime, call: BoundCall) -> None:
     scratches = await anyio.to_thread.run_sync(
         journal.orphan_scratches, call.config.api_url, key_hash
     )
+    await delete_expired(runtime, call)  # leases past their deadline (a worker down then)
     tempdirs = await anyio.to_thread.run_sync(journal.orphan_tempdirs)
     for path in tempdirs:
         await anyio.to_thread.run_sync(_remove_tempdir, journal, path)
