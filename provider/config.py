@@ -25,9 +25,9 @@ from provider.config_fields import (
 from provider.config_url import LOOPBACK_HOSTS as LOOPBACK_HOSTS
 from provider.config_url import normalize_api_url as normalize_api_url
 from provider.errors import ConfigError
+from provider.worker_env import API_KEY_ENV as API_KEY_ENV
 
 DEFAULT_API_URL: Final = "https://api.sb.createos.sh"
-API_KEY_ENV: Final = "CREATEOS_API_KEY"
 DEFAULT_TIMEOUT_MS: Final = 300_000
 # Host-owned run flags we default in the stored config. Paperclip strips them before it asks us
 # to validate and puts the operator's own value back over ours when one was given, so these only

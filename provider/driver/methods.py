@@ -11,11 +11,13 @@ worker answers ``initialize`` fast. Verbs are not added here: each is declared o
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from provider.verbs import SERVED_VERBS
+from provider.worker_env import API_KEY_ENV
 
 if TYPE_CHECKING:
     from provider.driver.core.background import BackgroundTasks
@@ -54,6 +56,10 @@ async def background() -> AsyncIterator[None]:
 
 
 async def _expired_at_start() -> None:
+    """Only a worker with a key of its own can act before a call brings a config: any other
+    starts without loading the driver or opening its journal (the first call does that)."""
+    if not os.environ.get(API_KEY_ENV, "").strip():
+        return
     from provider.driver.leases.expiry import delete_expired_at_start
 
     await delete_expired_at_start(_driver_runtime())

@@ -17,11 +17,11 @@ from typing import Final
 
 from provider.cli_args import Refused as _Refused
 from provider.cli_args import RefusingParser as _Parser
+from provider.worker_env import API_KEY_ENV
 
 EXIT_USAGE: Final = 2
 EXIT_INTERRUPTED: Final = 130
 PROG: Final = "python3 -m provider shell"
-KEY_ENV: Final = "CREATEOS_API_KEY"  # provider.config.API_KEY_ENV, without importing pydantic
 
 
 def _parser() -> _Parser:
@@ -47,15 +47,16 @@ def _parser() -> _Parser:
 
 def api_key_from_env(environ: Mapping[str, str]) -> str:
     """The trimmed ``CREATEOS_API_KEY``, or :class:`_Refused` naming the fix (never the key)."""
-    key = environ.get(KEY_ENV, "").strip()
+    key = environ.get(API_KEY_ENV, "").strip()
     if not key:
         raise _Refused(
-            f"{KEY_ENV} is not set. Export the CreateOS API key that owns the sandbox in this "
-            f"terminal first (export {KEY_ENV}=...); it is never taken from the command line."
+            f"{API_KEY_ENV} is not set. Export the CreateOS API key that owns the sandbox in this "
+            f"terminal first (export {API_KEY_ENV}=...); it is never taken from the command line."
         )
     if not all(0x21 <= ord(ch) <= 0x7E for ch in key):
         raise _Refused(
-            f"{KEY_ENV} holds spaces, control or non-ASCII characters; set it to the API key alone."
+            f"{API_KEY_ENV} holds spaces, control or non-ASCII characters; set it to the API key "
+            "alone."
         )
     return key
 

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 import anyio
 
-from provider.config import API_KEY_ENV, parse_config, resolve_api_key
+from provider.config import parse_config, resolve_api_key
 from provider.driver.commands.sandbox_ops import delete_sandbox_confirmed
 from provider.driver.core import gone
 from provider.driver.core.runtime import BoundCall, DriverRuntime
@@ -150,9 +150,8 @@ async def delete_expired(runtime: DriverRuntime, call: BoundCall) -> None:
 async def delete_expired_at_start(runtime: DriverRuntime) -> None:
     """At worker start, for the one origin and key the worker knows without a call: the
     official endpoint with the worker's own ``CREATEOS_API_KEY``. Leases of any other origin or
-    key wait for :func:`delete_expired` at a call that brings their config."""
-    if not runtime.environ.get(API_KEY_ENV, "").strip():
-        return
+    key wait for :func:`delete_expired` at a call that brings their config. Without that key
+    (:func:`resolve_api_key` refuses) it does nothing."""
     try:
         config = parse_config({"shape": START_SHAPE})  # the shape is never used here
         api_key = resolve_api_key(config, runtime.environ)
